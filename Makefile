@@ -1,0 +1,36 @@
+# Two commands do everything (see README):  make lab   |   make test
+# A virtual environment in .venv holds the course; torch is installed first so that
+# CI gets the CPU build, while learners' pip picks the build that fits their machine.
+PYTHON ?= python3
+TORCH_SPEC ?= torch==2.13.0
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup lab test bench train clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip show torch >/dev/null 2>&1 || $(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m ipykernel install --sys-prefix --name prefill-decode-lab --display-name "Prefill & Decode Lab"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+lab: setup
+	$(BIN)/jupyter lab notebooks/
+
+test: setup
+	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks/
+
+bench: setup
+	$(BIN)/python -m labutils.bench
+
+train: setup
+	$(BIN)/python -m labutils.train
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,26 @@
+"""labutils: the tested code behind the Prefill & Decode Lab notebooks."""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+
+def setup_notebook(seed: int = 0):
+    """First cell of every lesson: seed every random source and keep plots light.
+
+    Plotly's default notebook renderer embeds all of plotly.js in each output; the mimetype
+    renderer stores only the figure JSON, which JupyterLab's bundled plotly extension draws.
+    Returns the device the lesson will measure on.
+    """
+    import random
+
+    import numpy as np
+    import plotly.io as pio
+    import torch
+
+    from .hardware import pick_device
+
+    pio.renderers.default = "plotly_mimetype"
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    return pick_device()

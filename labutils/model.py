@@ -1,0 +1,227 @@
+"""A GPT in one file: config with named presets, the blocks, the model, and checkpoint loading."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .kernels import attention
+from .presets import get_shape
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Every shape of the model. Random weights of a preset's shape are enough for timing."""
+
+    vocab_size: int = 50257
+    context_length: int = 1024
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    n_kv_head: int | None = None   # None means n_head; fewer gives GQA, 1 gives MQA
+    n_inner: int | None = None     # feed-forward width; None means 4 * n_embd (GPT-2)
+    gated_mlp: bool = False        # SwiGLU feed-forward, as in the Llama family
+    bias: bool = True
+    tie_weights: bool = True       # GPT-2 reuses the token embedding as the output layer
+
+    def __post_init__(self):
+        if self.n_kv_head is None:
+            object.__setattr__(self, "n_kv_head", self.n_head)
+        if self.n_inner is None:
+            object.__setattr__(self, "n_inner", 4 * self.n_embd)
+        for field in ("vocab_size", "context_length", "n_layer", "n_head", "n_embd", "n_kv_head", "n_inner"):
+            if getattr(self, field) < 1:
+                raise ValueError(f"GPTConfig.{field} must be >= 1, got {getattr(self, field)}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head} "
+                             f"(each head gets n_embd / n_head dims)")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"n_head={self.n_head} must be a multiple of n_kv_head={self.n_kv_head} "
+                             f"(each KV head serves an equal group of query heads)")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "GPTConfig":
+        """Named shapes from labutils.presets: "tiny", "gpt2-small" ... "llama-3-8b", "mistral-7b"."""
+        s = get_shape(name)
+        cfg = cls(vocab_size=s.vocab_size, context_length=s.context_length, n_layer=s.n_layer,
+                  n_head=s.n_head, n_embd=s.n_embd, n_kv_head=s.n_kv_head, n_inner=s.n_inner,
+                  gated_mlp=s.gated_mlp, bias=not s.gated_mlp, tie_weights=s.tie_weights)
+        return dataclasses.replace(cfg, **overrides)
+
+    def num_params(self) -> int:
+        """Parameter count from the shapes alone (matches GPT.num_params for this architecture)."""
+        C, b = self.n_embd, int(self.bias)
+        qkv_out = (self.n_head + 2 * self.n_kv_head) * self.head_dim
+        attn = C * qkv_out + b * qkv_out + C * C + b * C
+        n_up = 2 if self.gated_mlp else 1     # SwiGLU has a gate matrix beside the up projection
+        mlp = (n_up + 1) * C * self.n_inner + b * (n_up * self.n_inner + C)
+        norms = 2 * 2 * C                     # two LayerNorms (weight + bias) per block
+        per_block = attn + mlp + norms
+        embed = self.vocab_size * C + self.context_length * C
+        head = 0 if self.tie_weights else self.vocab_size * C
+        return embed + self.n_layer * per_block + 2 * C + head
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        # One fused projection for Q, K and V; with GQA the K and V parts are narrower.
+        self.qkv = nn.Linear(cfg.n_embd, (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.impl = "sdpa"
+        self.layer_idx = 0   # set by GPT: which slot of the KV cache this layer owns
+
+    def forward(self, x: torch.Tensor, cache=None) -> torch.Tensor:
+        B, T, C = x.shape
+        q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
+        q, k, v = self.qkv(x).split([q_dim, kv_dim, kv_dim], dim=-1)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        q_offset = 0
+        if cache is not None:
+            q_offset = cache.pos
+            k, v = cache.update(self.layer_idx, k, v)   # now every key and value so far
+        y = attention(q, k, v, q_offset=q_offset, impl=self.impl)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.gated = cfg.gated_mlp
+        self.fc = nn.Linear(cfg.n_embd, cfg.n_inner, bias=cfg.bias)
+        if self.gated:
+            self.gate = nn.Linear(cfg.n_embd, cfg.n_inner, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.n_inner, cfg.n_embd, bias=cfg.bias)
+
+    def forward(self, x):
+        if self.gated:
+            return self.proj(F.silu(self.gate(x)) * self.fc(x))
+        return self.proj(F.gelu(self.fc(x), approximate="tanh"))   # GPT-2's tanh GELU
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cache=None):
+        x = x + self.attn(self.ln_1(x), cache)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
+        self.pos_emb = nn.Embedding(config.context_length, config.n_embd)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        for i, block in enumerate(self.blocks):
+            block.attn.layer_idx = i
+        self.ln_f = nn.LayerNorm(config.n_embd)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_weights:
+            self.lm_head.weight = self.tok_emb.weight
+        self.apply(self._init_weights)
+        # GPT-2: scale the residual projections so the residual stream's variance does not grow with depth.
+        for name, p in self.named_parameters():
+            if name.endswith("proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / (2 * config.n_layer) ** 0.5)
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_params(self) -> int:
+        """Unique parameters (a tied embedding counts once)."""
+        return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
+
+    def set_attention(self, impl: str) -> "GPT":
+        """Switch every layer between "naive" and "sdpa" attention."""
+        from .kernels import ATTENTION_IMPLS
+        if impl not in ATTENTION_IMPLS:
+            raise ValueError(f"unknown attention impl {impl!r}; choose one of {list(ATTENTION_IMPLS)}")
+        for block in self.blocks:
+            block.attn.impl = impl
+        return self
+
+    def check_ids(self, ids: torch.Tensor, start: int = 0) -> None:
+        """Refuse input the model cannot embed, with a message that says how to fix it."""
+        if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int64, torch.int32):
+            raise TypeError("ids must be an integer tensor of token ids [batch, seq]; "
+                            "use torch.tensor(ids, dtype=torch.long)")
+        if ids.dim() != 2 or ids.shape[1] == 0:
+            raise ValueError(f"ids must have shape [batch, seq] with seq >= 1, got {tuple(ids.shape)}; "
+                             "for one sequence use ids[None]")
+        V = self.config.vocab_size
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= V:
+            raise ValueError(f"token id {hi if hi >= V else lo} is outside the vocab of size {V}; "
+                             "encode with the tokenizer that matches this model")
+        if start + ids.shape[1] > self.config.context_length:
+            raise ValueError(f"{start + ids.shape[1]} positions exceed the model's context length "
+                             f"{self.config.context_length}; shorten the prompt or the output")
+
+    def forward(self, ids: torch.Tensor, cache=None, *, check: bool = True) -> torch.Tensor:
+        """ids [batch, seq] -> logits [batch, seq, vocab]. With a cache, ids continue from cache.pos.
+
+        `check=False` skips input validation (a host sync); decode_step feeds the model's own
+        argmax, which is always in range.
+        """
+        start = cache.pos if cache is not None else 0
+        if check:
+            self.check_ids(ids, start)
+            if cache is not None:
+                cache.check_fits(ids.shape[0], ids.shape[1])
+        T = ids.shape[1]
+        pos = torch.arange(start, start + T, device=ids.device)
+        x = self.tok_emb(ids) + self.pos_emb(pos)
+        for block in self.blocks:
+            x = block(x, cache)
+        if cache is not None:
+            cache.advance(T)
+        return self.lm_head(self.ln_f(x))
+
+
+def load_checkpoint(path: str | Path, map_location="cpu") -> GPT:
+    """Load a course checkpoint: a folder with config.json and model.pt (a state_dict)."""
+    path = Path(path)
+    if not (path / "config.json").exists() or not (path / "model.pt").exists():
+        raise FileNotFoundError(f"{path} needs config.json and model.pt; "
+                                "rebuild the course checkpoint with `python -m labutils.train`")
+    cfg = GPTConfig(**json.loads((path / "config.json").read_text()))
+    model = GPT(cfg)
+    state = torch.load(path / "model.pt", map_location=map_location, weights_only=True)
+    model.load_state_dict(state)
+    return model.eval()
+
+
+def save_checkpoint(model: GPT, path: str | Path) -> None:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(dataclasses.asdict(model.config), indent=2) + "\n")
+    torch.save(model.state_dict(), path / "model.pt")   # a tied tensor is stored once

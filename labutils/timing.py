@@ -1,0 +1,93 @@
+"""Device-aware timing and the request metrics TTFT, TPOT and ITL (vLLM / MLPerf definitions)."""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+
+def synchronize(device: torch.device | str | None = None) -> None:
+    """Wait until queued device work is done, so a host clock reading means something."""
+    kind = torch.device(device).type if device is not None else None
+    if kind == "cuda" or (kind is None and torch.cuda.is_available()):
+        torch.cuda.synchronize()
+    elif kind == "mps":
+        torch.mps.synchronize()
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds for each repeat of a timed call; the median is the number we report."""
+
+    samples_s: tuple[float, ...]
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.samples_s)
+
+    @property
+    def min_s(self) -> float:
+        return min(self.samples_s)
+
+
+def time_fn(fn: Callable[[], object], *, device: torch.device | str = "cpu",
+            warmup: int = 2, repeats: int = 5) -> Timing:
+    """Time `fn()` after `warmup` untimed calls.
+
+    On CUDA we bracket each call with CUDA events, which time the GPU's own work
+    rather than the host's launch of it. Elsewhere we synchronize and read the host clock.
+    """
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
+    device = torch.device(device)
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    samples = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            synchronize(device)
+            samples.append(time.perf_counter() - t0)
+    return Timing(tuple(samples))
+
+
+def _check_timestamps(timestamps: Sequence[float]) -> None:
+    if len(timestamps) == 0:
+        raise ValueError("no token timestamps: a request must produce at least one token")
+    if any(b < a for a, b in zip(timestamps, timestamps[1:])):
+        raise ValueError("token timestamps must not decrease; record them with one monotonic clock")
+
+
+def ttft_s(timestamps: Sequence[float]) -> float:
+    """Time to first token: request start (time 0, queueing included) to the first token on the host."""
+    _check_timestamps(timestamps)
+    return timestamps[0]
+
+
+def tpot_s(timestamps: Sequence[float]) -> float:
+    """Time per output token: (end-to-end latency - TTFT) / (output tokens - 1).
+
+    A single-token answer has no decode phase, so its TPOT is undefined; we return nan.
+    """
+    _check_timestamps(timestamps)
+    if len(timestamps) < 2:
+        return float("nan")
+    return (timestamps[-1] - timestamps[0]) / (len(timestamps) - 1)
+
+
+def itl_s(timestamps: Sequence[float]) -> list[float]:
+    """Inter-token latencies: each gap between consecutive tokens."""
+    _check_timestamps(timestamps)
+    return [b - a for a, b in zip(timestamps, timestamps[1:])]
