@@ -1,0 +1,2 @@
+"""Widgets: thin ipywidgets views over the plain functions in labutils."""
+from .quiz import Quiz, quiz
