@@ -11,7 +11,6 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip show torch >/dev/null 2>&1 || $(BIN)/python -m pip install -q "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	$(BIN)/python -m ipykernel install --sys-prefix --name prefill-decode-lab --display-name "Prefill & Decode Lab"
@@ -22,9 +21,10 @@ setup: $(STAMP)
 lab: setup
 	$(BIN)/jupyter lab notebooks/
 
+# One pytest run: unit tests, then nbval re-executes every lesson and compares its stored outputs.
 test: setup
-	$(BIN)/python -m pytest tests
-	$(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks/
+	$(BIN)/python -m pytest tests notebooks --nbval --nbval-current-env \
+		--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600
 
 bench: setup
 	$(BIN)/python -m labutils.bench
