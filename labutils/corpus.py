@@ -1,0 +1,82 @@
+"""The course's training text: docstrings of Python's own standard library, extracted offline."""
+from __future__ import annotations
+
+import ast
+import functools
+import re
+import sysconfig
+import warnings
+from pathlib import Path
+
+# Test suites and the IDLE GUI are mostly terse test names and widget callbacks: noise, not prose.
+SKIP_DIRS = frozenset({"test", "tests", "idlelib", "site-packages", "dist-packages", "__pycache__",
+                       "lib2to3", "turtledemo", "tkinter", "ensurepip", "venv"})
+MIN_CHARS = 80
+SEPARATOR = "\n\n"
+
+
+def stdlib_dir() -> Path:
+    """Where this Python keeps its standard library (present on every machine, no download)."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def _clean(doc: str) -> str:
+    """Dedent (ast.get_docstring already did), drop trailing spaces and collapse runs of blank lines."""
+    lines = [line.rstrip() for line in doc.strip().splitlines()]
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines))
+
+
+def _docstrings(path: Path) -> list[str]:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # invalid escape sequences in old files
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
+        return []  # a file that does not parse is simply left out
+    docs = []
+    # ast.walk is breadth-first; sort by position so the text reads in file order.
+    nodes = [n for n in ast.walk(tree)
+             if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+    nodes.sort(key=lambda n: (getattr(n, "lineno", 0), getattr(n, "col_offset", 0)))
+    for node in nodes:
+        doc = ast.get_docstring(node, clean=True)
+        if doc:
+            doc = _clean(doc)
+            if len(doc) > MIN_CHARS:
+                docs.append(doc)
+    return docs
+
+
+def corpus_files(root: Path | None = None) -> list[Path]:
+    """Every .py file under the stdlib, in sorted (deterministic) order, minus SKIP_DIRS."""
+    root = stdlib_dir() if root is None else Path(root)
+    return sorted(p for p in root.rglob("*.py")
+                  if not SKIP_DIRS.intersection(p.relative_to(root).parts[:-1]))
+
+
+@functools.lru_cache(maxsize=1)
+def load_corpus() -> str:
+    """The whole corpus as one string (about 1.5 MB); docstrings joined by a blank line.
+
+    Built afresh from this Python's stdlib (a few seconds) and cached in memory. It is never
+    committed: the prose belongs to the Python project, and every machine already has it.
+    """
+    docs = []
+    for path in corpus_files():
+        docs.extend(_docstrings(path))
+    if not docs:
+        raise RuntimeError(f"no docstrings found under {stdlib_dir()}; is the standard library source installed?")
+    return SEPARATOR.join(docs)
+
+
+def split_corpus(text: str, frac: float = 0.9) -> tuple[str, str]:
+    """Split text into (train, heldout) at the docstring boundary nearest to frac of its length."""
+    if not isinstance(text, str):
+        raise TypeError(f"split_corpus expects a str, got {type(text).__name__}")
+    if not 0.0 < frac < 1.0:
+        raise ValueError(f"frac must be between 0 and 1 (exclusive), got {frac}")
+    cut = int(len(text) * frac)
+    boundary = text.find(SEPARATOR, cut)
+    if boundary == -1:  # no separator after the cut: split mid-text rather than return an empty heldout
+        return text[:cut], text[cut:]
+    return text[:boundary], text[boundary + len(SEPARATOR):]
