@@ -1,0 +1,164 @@
+"""Device choice, bandwidth and FLOP/s probes (small sizes, no speed asserts), spec table, error paths."""
+import math
+
+import pytest
+import torch
+
+from labutils import hardware as hw
+from labutils.hardware import (SPECS, MeasurementError, Peaks, describe_device, match_spec, measure_bandwidth,
+                               measure_matmul_flops, measured_peaks, pick_device, ridge_point)
+
+
+def _no_accelerators(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+
+
+def test_pick_device_falls_back_to_cpu(monkeypatch):
+    _no_accelerators(monkeypatch)
+    assert pick_device() == torch.device("cpu")
+    assert pick_device("cpu") == torch.device("cpu")
+
+
+def test_pick_device_prefers_cuda_then_mps(monkeypatch):
+    _no_accelerators(monkeypatch)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert pick_device() == torch.device("mps")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert pick_device() == torch.device("cuda")
+
+
+def test_pick_device_errors(monkeypatch):
+    _no_accelerators(monkeypatch)
+    with pytest.raises(ValueError, match="unknown device 'tpu'"):
+        pick_device("tpu")
+    with pytest.raises(RuntimeError, match="not available"):
+        pick_device("cuda")
+
+
+def test_describe_device_cpu():
+    name = describe_device("cpu")
+    assert isinstance(name, str) and "cores" in name
+
+
+def test_bandwidth_small_is_positive_finite():
+    bw = measure_bandwidth("cpu", nbytes=1 << 20, repeats=2, warmup=1)
+    assert math.isfinite(bw) and bw > 0
+
+
+@pytest.mark.parametrize("bad", [0, 100, -5, 2.5e6, True])
+def test_bandwidth_rejects_bad_size(bad):
+    with pytest.raises(ValueError, match="nbytes"):
+        measure_bandwidth("cpu", nbytes=bad)
+
+
+def test_bandwidth_default_buffer_shrinks_with_a_warning(monkeypatch):
+    monkeypatch.setattr(hw, "free_memory_bytes", lambda device=None: 64 * hw.MiB)
+    seen = []
+    real_empty = hw._empty
+    monkeypatch.setattr(hw, "_empty", lambda numel, dtype, device: seen.append(numel) or real_empty(numel, dtype, device))
+    with pytest.warns(UserWarning, match="shrank from .* to 16 MiB"):
+        bw = measure_bandwidth("cpu", repeats=1, warmup=0)
+    assert bw > 0 and seen == [16 * hw.MiB // 4] * 2
+
+
+def test_default_copy_is_several_times_the_cache():
+    llc = hw.last_level_cache_bytes()
+    assert llc is None or llc > 0
+    size = hw.default_copy_bytes("cpu")
+    assert 256 * hw.MiB <= size <= 2 * hw.GiB
+    if llc is not None and 4 * llc <= 2 * hw.GiB:
+        assert size >= 4 * llc
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matmul_flops_small_is_positive_finite(dtype):
+    flops = measure_matmul_flops(dtype, "cpu", n=64, repeats=2)
+    assert math.isfinite(flops) and flops > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int64, torch.bool, "float32"])
+def test_matmul_refuses_non_float_dtypes(dtype):
+    with pytest.raises(TypeError, match="float dtype"):
+        measure_matmul_flops(dtype, "cpu", n=16)
+
+
+def test_matmul_flops_formula(monkeypatch):
+    # 2 * n**3 FLOPs in the median time: fake the timer to check the arithmetic exactly.
+    monkeypatch.setattr(hw, "time_fn", lambda fn, **kw: type("T", (), {"median_s": 0.5})())
+    assert measure_matmul_flops(torch.float32, "cpu", n=100) == 2 * 100 ** 3 / 0.5
+    assert measure_bandwidth("cpu", nbytes=1 << 20) == 2 * (1 << 20) / 0.5
+
+
+@pytest.mark.parametrize("error", [
+    RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB"),
+    RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory"),
+    MemoryError(),
+])
+def test_out_of_memory_becomes_measurement_error(monkeypatch, error):
+    def fail(numel, dtype, device):
+        raise error
+    monkeypatch.setattr(hw, "_empty", fail)
+    with pytest.raises(MeasurementError, match=r"1.0 GiB copy \(two 512 MiB buffers\).*nbytes="):
+        measure_bandwidth("cpu", nbytes=512 * hw.MiB)
+    with pytest.raises(MeasurementError, match=r"4096 x 4096 float32 matmul .*smaller n="):
+        measure_matmul_flops(torch.float32, "cpu", n=4096)
+
+
+def test_real_allocation_failure_is_caught():
+    with pytest.raises(MeasurementError, match="does not fit in memory"):
+        measure_bandwidth("cpu", nbytes=1 << 50)     # a pebibyte: no machine has it
+
+
+def test_other_runtime_errors_pass_through(monkeypatch):
+    def fail(numel, dtype, device):
+        raise RuntimeError("something else broke")
+    monkeypatch.setattr(hw, "_empty", fail)
+    with pytest.raises(RuntimeError, match="something else broke"):
+        measure_bandwidth("cpu", nbytes=1 << 20)
+
+
+def test_measured_peaks_cached_per_device_and_dtype(monkeypatch):
+    calls = []
+    monkeypatch.setattr(hw, "_PEAKS", {})
+    monkeypatch.setattr(hw, "measure_bandwidth", lambda device: calls.append("bw") or 10e9)
+    monkeypatch.setattr(hw, "measure_matmul_flops", lambda dtype, device: calls.append(dtype) or 100e9)
+    p = measured_peaks("cpu")
+    assert isinstance(p, Peaks) and p.dtype == "float32" and p.ridge == 10.0
+    assert p.bandwidth_Bps == 10e9 and p.flops == 100e9 and "cores" in p.device_name
+    assert measured_peaks(torch.device("cpu")) is p and len(calls) == 2
+    measured_peaks("cpu", torch.bfloat16)
+    assert calls[-1] == torch.bfloat16 and len(calls) == 4
+    measured_peaks("cpu", refresh=True)
+    assert len(calls) == 6
+
+
+def test_ridge_point_formula_and_errors():
+    assert ridge_point(312e12, 2039e9) == pytest.approx(153.0, abs=0.1)
+    assert ridge_point(100.0, 4.0) == 25.0
+    for bad in [(0, 1), (1, 0), (-1, 1), (float("nan"), 1), (1, float("inf")), ("1", 1)]:
+        with pytest.raises(ValueError, match="positive finite"):
+            ridge_point(*bad)
+
+
+def test_spec_table_sanity():
+    assert SPECS["A100 80GB SXM"].ridge == pytest.approx(153.0, abs=0.1)      # the seed's 312 TFLOP/s, 2,039 GB/s
+    assert SPECS["H100 SXM"].ridge == pytest.approx(295, abs=1)
+    assert SPECS["H200 SXM"].ridge == pytest.approx(206, abs=1)
+    for spec in SPECS.values():
+        assert spec.bandwidth_GBps > 0 and spec.memory_GB > 0 and spec.source
+        if spec.tflops_16 is not None and spec.tflops_32 is not None:
+            assert spec.tflops_16 > spec.tflops_32   # tensor cores beat plain fp32
+        if spec.tflops_16 is None:
+            assert spec.ridge is None
+    # Each row's own name finds itself, and only itself.
+    for name in ["NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H200",
+                 "NVIDIA L4", "NVIDIA GeForce RTX 4090", "Apple M1", "Apple M1 Max", "Apple M2 Max"]:
+        assert match_spec(name) is not None, name
+    assert match_spec("NVIDIA A100-SXM4-80GB").name == "A100 80GB SXM"
+    assert match_spec("NVIDIA H100 80GB HBM3").name == "H100 SXM"
+    assert match_spec("NVIDIA H100 PCIe").name == "H100 PCIe"
+    assert match_spec("Apple M1 Max").name == "Apple M1 Max"
+    assert match_spec("Apple M1").name == "Apple M1"
+    assert match_spec("Apple M1 Pro") is None
+    assert match_spec("Intel(R) Xeon(R) Processor (2 cores)") is None
