@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 
 from .kernels import attention
 from .presets import get_shape
+from .safetensors_reader import read_safetensors
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 
@@ -205,6 +207,106 @@ class GPT(nn.Module):
         if cache is not None:
             cache.advance(T)
         return self.lm_head(self.ln_f(x))
+
+
+def _hf_gpt2_config(hf: dict) -> GPTConfig:
+    """GPTConfig from a Hugging Face GPT-2 config.json; refuse the options our blocks do not implement."""
+    if hf.get("model_type", "gpt2") != "gpt2":
+        raise ValueError(f"config.json describes a {hf['model_type']!r} model; load_hf_gpt2 reads GPT-2 only")
+    unsupported = {
+        "activation_function": (hf.get("activation_function", "gelu_new"), ("gelu_new", "gelu_pytorch_tanh")),
+        "layer_norm_epsilon": (hf.get("layer_norm_epsilon", 1e-5), (1e-5,)),
+        "scale_attn_weights": (hf.get("scale_attn_weights", True), (True,)),
+        "scale_attn_by_inverse_layer_idx": (hf.get("scale_attn_by_inverse_layer_idx", False), (False,)),
+        "add_cross_attention": (hf.get("add_cross_attention", False), (False,)),
+    }
+    for key, (value, ok) in unsupported.items():
+        if value not in ok:
+            raise ValueError(f"config.json sets {key}={value!r}; this GPT implements only {ok}")
+    return GPTConfig(vocab_size=hf["vocab_size"], context_length=hf.get("n_positions", hf.get("n_ctx")),
+                     n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"],
+                     n_inner=hf.get("n_inner"), tie_weights=hf.get("tie_word_embeddings", True))
+
+
+def _read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a saved HF model: model.safetensors, its sharded form, or pytorch_model.bin."""
+    if (path / "model.safetensors").exists():
+        return read_safetensors(path / "model.safetensors")
+    if (path / "model.safetensors.index.json").exists():
+        shards = sorted(set(json.loads((path / "model.safetensors.index.json").read_text())["weight_map"].values()))
+        return {k: v for shard in shards for k, v in read_safetensors(path / shard).items()}
+    if (path / "pytorch_model.bin").exists():
+        # weights_only: a .bin is a pickle, and only plain tensors may come out of it.
+        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"{path} has no model.safetensors or pytorch_model.bin; "
+                            "save one with GPT2LMHeadModel.save_pretrained(path)")
+
+
+def _hf_gpt2_names(cfg: GPTConfig) -> dict[str, tuple[str, tuple[int, ...], bool]]:
+    """HF tensor name -> (our parameter, HF shape, transpose?).
+
+    HF's GPT-2 uses Conv1D layers, which store weights as [in, out]; nn.Linear wants [out, in].
+    c_attn's output is Q, K and V side by side, each split into heads, exactly like our fused qkv.
+    """
+    C, F_, V = cfg.n_embd, cfg.n_inner, cfg.vocab_size
+    names = {"wte.weight": ("tok_emb.weight", (V, C), False),
+             "wpe.weight": ("pos_emb.weight", (cfg.context_length, C), False)}
+    for i in range(cfg.n_layer):
+        for hf, ours, shape, transpose in [
+            ("ln_1.weight", "ln_1.weight", (C,), False), ("ln_1.bias", "ln_1.bias", (C,), False),
+            ("attn.c_attn.weight", "attn.qkv.weight", (C, 3 * C), True),
+            ("attn.c_attn.bias", "attn.qkv.bias", (3 * C,), False),
+            ("attn.c_proj.weight", "attn.proj.weight", (C, C), True),
+            ("attn.c_proj.bias", "attn.proj.bias", (C,), False),
+            ("ln_2.weight", "ln_2.weight", (C,), False), ("ln_2.bias", "ln_2.bias", (C,), False),
+            ("mlp.c_fc.weight", "mlp.fc.weight", (C, F_), True), ("mlp.c_fc.bias", "mlp.fc.bias", (F_,), False),
+            ("mlp.c_proj.weight", "mlp.proj.weight", (F_, C), True),
+            ("mlp.c_proj.bias", "mlp.proj.bias", (C,), False),
+        ]:
+            names[f"h.{i}.{hf}"] = (f"blocks.{i}.{ours}", shape, transpose)
+    names["ln_f.weight"] = ("ln_f.weight", (C,), False)
+    names["ln_f.bias"] = ("ln_f.bias", (C,), False)
+    if not cfg.tie_weights:
+        names["lm_head.weight"] = ("lm_head.weight", (V, C), False)
+    return names
+
+
+def load_hf_gpt2(path: str | Path, device=None, dtype: torch.dtype = torch.float32) -> GPT:
+    """Load a GPT-2 saved in Hugging Face format (config.json + model.safetensors or pytorch_model.bin).
+
+    Every tensor is mapped by name and its shape checked, as nanoGPT's from_pretrained does;
+    a missing, misshapen or unknown tensor raises ValueError naming it. Nothing is downloaded.
+    """
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"{path} has no config.json; point load_hf_gpt2 at a save_pretrained folder")
+    cfg = _hf_gpt2_config(json.loads((path / "config.json").read_text()))
+    raw = _read_hf_weights(path)
+    # GPT2LMHeadModel prefixes "transformer."; GPT2Model and the original OpenAI .bin files do not.
+    prefix = "transformer." if any(k.startswith("transformer.") for k in raw) else ""
+    state = {k.removeprefix("transformer."): v for k, v in raw.items()}
+    names = _hf_gpt2_names(cfg)
+    missing = [n for n in names if n not in state]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ValueError(f"tensor {prefix + missing[0]!r}{more} is missing from {path}; "
+                         "the checkpoint does not match its config.json")
+    # attn.bias / attn.masked_bias are HF's causal-mask buffers, not parameters; a tied lm_head repeats wte.
+    ignored = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)$" + ("|lm_head\\.weight$" if cfg.tie_weights else ""))
+    unknown = [k for k in state if k not in names and not ignored.match(k)]
+    if unknown:
+        raise ValueError(f"tensor {unknown[0]!r} in {path} has no place in a GPT-2 with {cfg.n_layer} layers; "
+                         "the checkpoint does not match its config.json")
+    model = GPT(cfg)
+    params = dict(model.named_parameters())   # a tied lm_head appears once, as tok_emb.weight
+    with torch.no_grad():
+        for hf_name, (ours, shape, transpose) in names.items():
+            w = state[hf_name]
+            if tuple(w.shape) != shape:
+                raise ValueError(f"tensor {prefix + hf_name!r} has shape {tuple(w.shape)}, but the config "
+                                 f"(n_embd={cfg.n_embd}, vocab_size={cfg.vocab_size}) needs {shape}")
+            params[ours].copy_(w.t() if transpose else w)
+    return model.to(device=device, dtype=dtype).eval()
 
 
 def load_checkpoint(path: str | Path, map_location="cpu") -> GPT:
