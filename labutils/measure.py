@@ -1,0 +1,192 @@
+"""Measure one real request (prefill + decode) on a random-weight model of a preset's shape."""
+from __future__ import annotations
+
+import gc
+import statistics
+from collections import OrderedDict
+
+import torch
+
+from . import roofline
+from .generate import generate
+from .hardware import free_memory_bytes, measured_peaks, pick_device
+from .kvcache import kv_cache_bytes
+from .model import GPT, GPTConfig
+from .presets import PRESETS
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+# On a CPU, building a multi-billion-parameter model means minutes of random initialisation,
+# so the bigger shapes are offered only on a GPU.
+CPU_PRESETS = ("tiny", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")
+
+_MODELS: "OrderedDict[tuple[str, str, str], GPT]" = OrderedDict()
+MAX_CACHED_MODELS = 2        # models are large; keep the two most recently used
+
+
+def available_devices() -> list[str]:
+    """Device names this machine can measure on, best first ("cuda", "mps", "cpu")."""
+    names = []
+    for name in ("cuda", "mps", "cpu"):
+        try:
+            pick_device(name)
+            names.append(name)
+        except RuntimeError:
+            pass
+    return names
+
+
+def dtype_choices(device) -> list[str]:
+    """Weight dtypes worth offering on `device`. CPUs run bf16/fp16 too, often slower than fp32."""
+    kind = torch.device(device).type
+    if kind == "cuda":
+        return ["fp32", "bf16", "fp16"] if torch.cuda.is_bf16_supported(including_emulation=False) else ["fp32", "fp16"]
+    if kind == "mps":
+        return ["fp32", "fp16"]
+    return ["fp32", "bf16", "fp16"]
+
+
+def free_bytes(device) -> float:
+    """Memory free for a new model on `device` (models this module caches count as free: they can be evicted)."""
+    device = torch.device(device)
+    cached = sum(_model_bytes(m) for (_, _, dev), m in _MODELS.items() if torch.device(dev).type == device.type)
+    free = free_memory_bytes(device)
+    if free is None:           # the platform does not say (some Apple GPUs): do not block, OOM is still caught
+        return float("inf")
+    return free + cached
+
+
+def _model_bytes(model: GPT) -> int:
+    return sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def memory_needed(preset: str, prompt_len: int, new_tokens: int, batch: int = 1, dtype: str = "fp32") -> int:
+    """Rough peak bytes of one request: weights + KV cache + the prefill's largest activations."""
+    cfg = GPTConfig.preset(preset)
+    elem = roofline.param_bytes(cfg, DTYPES[dtype]) // cfg.num_params()
+    weights = cfg.num_params() * elem
+    build = weights + (cfg.num_params() * 4 if elem != 4 else 0)    # weights are made in fp32, then cast
+    kv = kv_cache_bytes(cfg, prompt_len + new_tokens, batch, DTYPES[dtype])
+    tokens = batch * prompt_len
+    logits = tokens * cfg.vocab_size * elem                        # the model returns logits for every position
+    scratch = tokens * (cfg.n_inner + 4 * cfg.n_embd) * elem * 2 + batch * cfg.n_head * prompt_len ** 2 * 4
+    return max(build, weights + kv + logits + scratch)
+
+
+def preset_choices(device) -> tuple[list[str], list[str]]:
+    """(presets whose weights fit on `device`, one note per preset left out and why)."""
+    device = torch.device(device)
+    free = free_bytes(device)
+    offered, notes = [], []
+    for name, shape in PRESETS.items():
+        if device.type == "cpu" and name not in CPU_PRESETS:
+            continue
+        smallest = 2 if device.type != "cpu" else 4          # on a CPU fp32 is the dtype worth timing
+        need = memory_needed(name, 1, 1, 1, "fp16" if smallest == 2 else "fp32")
+        if need < 0.8 * free:
+            offered.append(name)
+        else:
+            notes.append(f"{name}: needs about {need / 1e9:.1f} GB, {free / 1e9:.1f} GB free on {device.type}")
+    if device.type == "cpu":
+        notes.append("7B+ shapes: GPU only (random initialisation of billions of weights takes minutes on a CPU)")
+    return offered, notes
+
+
+def check_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 1, dtype: str = "fp32",
+                  device="cpu") -> None:
+    """Raise a ValueError that names the problem and the way out, before anything is allocated."""
+    cfg = GPTConfig.preset(preset)      # unknown preset -> ValueError listing the names
+    for name, value in (("prompt_len", prompt_len), ("batch", batch)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    if not isinstance(new_tokens, int) or new_tokens < 2:
+        raise ValueError(f"new_tokens must be >= 2 (TPOT needs at least two output tokens), got {new_tokens!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {list(DTYPES)}")
+    if dtype not in dtype_choices(device):
+        raise ValueError(f"{dtype} is not supported on {torch.device(device).type}; choose one of {dtype_choices(device)}")
+    if prompt_len + new_tokens > cfg.context_length:
+        raise ValueError(f"prompt ({prompt_len}) + output ({new_tokens}) = {prompt_len + new_tokens} tokens exceed "
+                         f"{preset}'s context length {cfg.context_length}; shorten one of them")
+    need, free = memory_needed(preset, prompt_len, new_tokens, batch, dtype), free_bytes(device)
+    if need > 0.9 * free:
+        raise ValueError(f"{preset} in {dtype} with batch {batch} and {prompt_len}+{new_tokens} tokens needs about "
+                         f"{need / 1e9:.1f} GB, but only {free / 1e9:.1f} GB is free on {torch.device(device).type}; "
+                         "choose a smaller preset, a 2-byte dtype, a smaller batch or fewer tokens")
+
+
+def get_model(preset: str, dtype: str = "fp32", device="cpu") -> GPT:
+    """A random-weight GPT of the preset's shape, built once per (preset, dtype, device) and cached."""
+    key = (preset, dtype, str(torch.device(device)))
+    if key in _MODELS:
+        _MODELS.move_to_end(key)
+        return _MODELS[key]
+    while len(_MODELS) >= MAX_CACHED_MODELS:
+        clear_models(1)
+    need = memory_needed(preset, 1, 1, 1, dtype)
+    while _MODELS and need > 0.9 * (free_bytes(device) - sum(_model_bytes(m) for m in _MODELS.values())):
+        clear_models(1)           # make room: drop the least recently used model
+    with torch.device(device):    # on a GPU the random initialisation runs there, which is much faster
+        model = GPT(GPTConfig.preset(preset)).to(DTYPES[dtype]).eval()
+    # One short untimed request: the first call pays one-off costs (allocator, kernel selection).
+    generate(model, torch.zeros(1, 4, dtype=torch.long), 2)
+    _MODELS[key] = model
+    return model
+
+
+def clear_models(n: int | None = None) -> None:
+    """Forget the n least recently used models (all when n is None) and give their memory back."""
+    for _ in range(len(_MODELS) if n is None else min(n, len(_MODELS))):
+        _MODELS.popitem(last=False)
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def measure_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 1, dtype: str = "fp32",
+                    device="cpu", *, repeats: int = 1, peaks=None, seed: int = 0) -> dict:
+    """Run one real request (random prompt ids, greedy decode) and return its metrics as a plain row.
+
+    With repeats > 1 the request runs that many times; TTFT and TPOT are medians and the timestamps
+    come from the run with the median latency. `peaks` (hardware.measured_peaks) defaults to this
+    device's measured bandwidth and FLOP/s, for MBU and MFU.
+    """
+    device = torch.device(device)
+    check_request(preset, prompt_len, new_tokens, batch, dtype, device)
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    try:
+        model = get_model(preset, dtype, device)
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, model.config.vocab_size, (batch, prompt_len), generator=g)
+        generate(model, ids[:, :min(prompt_len, 16)], 2)            # warm this batch size up, untimed
+        runs = [generate(model, ids, new_tokens) for _ in range(repeats)]
+    except torch.cuda.OutOfMemoryError:
+        clear_models()
+        raise RuntimeError(f"CUDA ran out of memory for {preset} in {dtype}, batch {batch}, {prompt_len}+{new_tokens} "
+                           "tokens; the cached models were freed. Choose a smaller setting") from None
+    peaks = measured_peaks(device, DTYPES[dtype]) if peaks is None else peaks
+    cfg = model.config
+    ttft = statistics.median(r.ttft_s for r in runs)
+    tpot = statistics.median(r.tpot_s for r in runs)
+    typical = sorted(runs, key=lambda r: r.latency_s)[len(runs) // 2]
+    pos = prompt_len + new_tokens // 2          # keys a decode step reads, averaged over the steps
+    step_bytes = roofline.decode_bytes(cfg, pos, batch, DTYPES[dtype])
+    return dict(
+        preset=preset, device=str(device), device_name=peaks.device_name, dtype=dtype, batch=batch,
+        prompt_len=prompt_len, new_tokens=new_tokens,
+        ttft_s=ttft, tpot_s=tpot, latency_s=typical.latency_s, timestamps=list(typical.timestamps),
+        throughput_tok_s=batch * new_tokens / typical.latency_s,     # output tokens/s over the request
+        decode_tok_s=batch / tpot,
+        decode_pos=pos, decode_bytes=step_bytes, achieved_Bps=step_bytes / tpot,
+        prefill_flops=roofline.prefill_flops(cfg, prompt_len, batch),
+        achieved_flops=roofline.prefill_flops(cfg, prompt_len, batch) / ttft,
+        mbu=roofline.mbu(cfg, pos, batch, DTYPES[dtype], tpot, peaks.bandwidth_Bps),
+        mfu_prefill=roofline.mfu(cfg, batch * prompt_len, ttft, peaks.flops),
+        mfu_decode=roofline.mfu(cfg, batch, tpot, peaks.flops),
+        peak_bandwidth_Bps=peaks.bandwidth_Bps, peak_flops=peaks.flops,
+    )
+
+
+__all__ = ["DTYPES", "available_devices", "check_request", "clear_models", "dtype_choices", "free_bytes",
+           "get_model", "measure_request", "memory_needed", "preset_choices"]

@@ -1,0 +1,179 @@
+"""TTFT/TPOT explorer: every control change runs a real request and redraws three plots."""
+from __future__ import annotations
+
+import html
+from contextlib import contextmanager
+
+import ipywidgets as w
+import plotly.graph_objects as go
+import torch
+
+from .. import measure
+from .. import request_figures as rf
+from ..hardware import default_dtype, measured_peaks, pick_device
+from ..model import GPTConfig
+
+MAX_PROMPT = 4096                 # longer prompts take minutes on a CPU; the slider stops here
+BATCHES = (1, 2, 4, 8, 16, 32)
+_TORCH_TO_NAME = {v: k for k, v in measure.DTYPES.items()}
+
+
+class Explorer(w.VBox):
+    """Controls, a status line with a progress bar, and three FigureWidgets.
+
+    A thin view: measurement is `measure` (measure.measure_request by default), figures come from
+    labutils.request_figures. Results are cached by settings, so returning to a setting redraws
+    without measuring again. Errors go to the status line and the last good plots stay.
+    """
+
+    def __init__(self, device=None, preset: str | None = None, prompt_len: int = 128, new_tokens: int = 32,
+                 batch: int = 1, dtype: str | None = None, measure_fn=measure.measure_request):
+        device = str(pick_device(device) if device is None or isinstance(device, str) else device)
+        self._measure = measure_fn
+        self.results: dict[tuple, dict] = {}      # settings -> row
+        self.rows: list[dict] = []                # every measurement, for the sweep plot
+        self.measurements = 0
+        self._hold = False
+
+        presets, notes = measure.preset_choices(device)
+        if preset is None:
+            preset = "gpt2-small" if "gpt2-small" in presets else presets[0]
+        if preset not in presets:
+            raise ValueError(f"preset {preset!r} is not offered on {device}; choose one of {presets}")
+        dtype = dtype or _TORCH_TO_NAME.get(default_dtype(device), "fp32")
+        style = {"description_width": "110px"}
+        wide = w.Layout(width="360px")
+        self.device = w.Dropdown(options=measure.available_devices(), value=torch.device(device).type,
+                                 description="device", style=style, layout=wide)
+        self.preset = w.Dropdown(options=presets, value=preset, description="model shape", style=style, layout=wide)
+        self.dtype = w.Dropdown(options=measure.dtype_choices(device), value=dtype, description="dtype",
+                                style=style, layout=wide)
+        self.batch = w.SelectionSlider(options=list(BATCHES), value=batch, description="batch",
+                                       continuous_update=False, style=style, layout=wide)
+        self.prompt_len = w.IntSlider(value=prompt_len, min=8, max=self._prompt_max(preset), step=8,
+                                      description="prompt tokens", continuous_update=False, style=style,
+                                      layout=wide)
+        self.new_tokens = w.IntSlider(value=new_tokens, min=2, max=256, step=2, description="output tokens",
+                                      continuous_update=False, style=style, layout=wide)
+        self.progress = w.IntProgress(value=0, min=0, max=4, bar_style="info", layout=w.Layout(width="160px"))
+        self.status = w.HTML()
+        self.notes = w.HTML(_notes_html(notes))
+        self.fig_timeline = go.FigureWidget(rf.timeline_figure())
+        self.fig_sweep = go.FigureWidget(rf.sweep_figure())
+        self.fig_util = go.FigureWidget(rf.utilization_figure())
+        for fig in (self.fig_sweep, self.fig_util):
+            fig.layout.width = 520
+        for control in (self.device, self.preset, self.dtype, self.batch, self.prompt_len, self.new_tokens):
+            control.observe(self._changed, names="value")
+        super().__init__([
+            w.HBox([w.VBox([self.preset, self.prompt_len, self.new_tokens]),
+                    w.VBox([self.batch, self.dtype, self.device])]),
+            w.HBox([self.progress, self.status]), self.notes,
+            self.fig_timeline, w.HBox([self.fig_sweep, self.fig_util]),
+        ])
+        self.refresh()
+
+    # -- settings ---------------------------------------------------------------------------------
+
+    @property
+    def settings(self) -> dict:
+        return dict(preset=self.preset.value, prompt_len=self.prompt_len.value, new_tokens=self.new_tokens.value,
+                    batch=self.batch.value, dtype=self.dtype.value, device=self.device.value)
+
+    @staticmethod
+    def _prompt_max(preset: str) -> int:
+        return min(GPTConfig.preset(preset).context_length, MAX_PROMPT)
+
+    @contextmanager
+    def _holding(self):
+        """Change several controls and measure once, not once per control."""
+        self._hold = True
+        try:
+            yield
+        finally:
+            self._hold = False
+
+    def _changed(self, change) -> None:
+        if self._hold:
+            return
+        with self._holding():
+            if change["owner"] is self.device:
+                self._device_changed()
+            elif change["owner"] is self.preset:
+                self.prompt_len.max = self._prompt_max(self.preset.value)
+        self.refresh()
+
+    def _device_changed(self) -> None:
+        device = self.device.value
+        presets, notes = measure.preset_choices(device)
+        self.preset.options = presets
+        if self.preset.value not in presets:
+            self.preset.value = presets[0]
+        dtypes = measure.dtype_choices(device)
+        self.dtype.options = dtypes
+        self.dtype.value = _TORCH_TO_NAME.get(default_dtype(device), dtypes[0])
+        self.notes.value = _notes_html(notes)
+        self.prompt_len.max = self._prompt_max(self.preset.value)
+
+    # -- measuring --------------------------------------------------------------------------------
+
+    def refresh(self) -> dict | None:
+        """Measure the current settings (unless cached) and redraw; on error say why and keep the plots."""
+        s = self.settings
+        key = tuple(s.values())
+        try:
+            if key in self.results:
+                row = self.results[key]
+            else:
+                measure.check_request(**s)            # quick: context length, memory, dtype
+                row = self._run(s)
+                self.results[key] = row
+                self.rows.append(row)
+        except Exception as err:                      # the view must survive anything a setting can cause
+            self.progress.value, self.progress.bar_style = 0, "danger"
+            self.status.value = (f"<span style='color:#b00020'><b>Could not measure this setting:</b> "
+                                 f"{html.escape(str(err))}</span> <i>(the plots still show the last good "
+                                 f"measurement)</i>")
+            return None
+        self._draw(row, s)
+        return row
+
+    def _stage(self, step: int, text: str) -> None:
+        self.progress.value, self.progress.bar_style = step, "info"
+        self.status.value = f"&#9203; {html.escape(text)}"
+
+    def _run(self, s: dict) -> dict:
+        self._stage(0, f"measuring this machine's peak bandwidth and FLOP/s ({s['device']}, {s['dtype']})")
+        measured_peaks(s["device"], measure.DTYPES[s["dtype"]])          # cached after the first call
+        self._stage(1, f"building a random-weight {s['preset']} ({s['dtype']}, {s['device']})")
+        measure.get_model(s["preset"], s["dtype"], s["device"])          # cached after the first call
+        self._stage(2, f"running: prefill {s['prompt_len']} tokens x batch {s['batch']}, "
+                       f"then {s['new_tokens']} decode steps")
+        row = self._measure(**s)
+        self.measurements += 1
+        return row
+
+    def _draw(self, row: dict, s: dict) -> None:
+        rf.update_timeline(self.fig_timeline, row)
+        rf.update_sweep(self.fig_sweep, self.rows, s)
+        rf.update_utilization(self.fig_util, row)
+        self.progress.value, self.progress.bar_style = self.progress.max, "success"
+        self.status.value = (f"TTFT <b>{row['ttft_s'] * 1e3:.1f} ms</b> &middot; TPOT <b>{row['tpot_s'] * 1e3:.2f} "
+                             f"ms</b> ({row['decode_tok_s']:.1f} tokens/s, {row['achieved_Bps'] / 1e9:.2f} GB/s) "
+                             f"&middot; MBU {100 * row['mbu']:.1f}% &middot; prefill MFU "
+                             f"{100 * row['mfu_prefill']:.1f}%")
+
+
+def _notes_html(notes: list[str]) -> str:
+    if not notes:
+        return ""
+    return "<small>Not offered here: " + "; ".join(html.escape(n) for n in notes) + "</small>"
+
+
+def explorer(device=None, **settings) -> Explorer:
+    """The TTFT/TPOT explorer on `device` (default: the best available). Settings: preset, prompt_len,
+    new_tokens, batch, dtype. The default setting answers in about two seconds on a laptop CPU."""
+    return Explorer(device, **settings)
+
+
+__all__ = ["Explorer", "explorer"]
