@@ -1,6 +1,7 @@
 """Generation in two phases: prefill() fills the KV cache, decode_step() adds one token at a time."""
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass, field
 
@@ -10,17 +11,26 @@ from . import timing
 from .kvcache import KVCache
 
 
-def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
-           top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Pick one token per row of logits [batch, vocab], on the logits' device. temperature=0 is greedy."""
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p}")
+def check_sampling(temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None) -> None:
+    """Refuse sampling settings that mean nothing, before any forward pass is spent on them."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
+        raise ValueError(f"temperature must be a number >= 0 (0 means greedy), got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be an int >= 1 or None, got {top_k!r}")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
+        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
+
+
+def sampling_probs(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
+                   top_p: float | None = None) -> torch.Tensor:
+    """The distribution sample() draws from, [batch, vocab] in float32: temperature, then top-k, then top-p.
+
+    temperature=0 puts all mass on the argmax. top_k keeps every token tied with the k-th.
+    top_p keeps the smallest set of most likely tokens whose probabilities add up to at least top_p.
+    """
+    check_sampling(temperature, top_k, top_p)
     if temperature == 0:
-        return logits.argmax(dim=-1)
+        return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
     logits = logits.float() / temperature
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
@@ -32,7 +42,16 @@ def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = N
         drop = probs.cumsum(dim=-1) - probs >= top_p
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-    probs = torch.softmax(logits, dim=-1)
+    return torch.softmax(logits, dim=-1)
+
+
+def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
+           top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Pick one token per row of logits [batch, vocab], on the logits' device. temperature=0 is greedy."""
+    check_sampling(temperature, top_k, top_p)
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = sampling_probs(logits, temperature, top_k, top_p)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
@@ -44,6 +63,11 @@ def prefill(model, ids: torch.Tensor, cache: KVCache, **sampling) -> torch.Tenso
 
 def decode_step(model, token: torch.Tensor, cache: KVCache, **sampling) -> torch.Tensor:
     """One forward pass over one new token [batch]: reads the cache, appends one entry, returns the next."""
+    # Shape checks only: reading token values would cost a host sync on every step.
+    if not isinstance(token, torch.Tensor) or token.dim() != 1:
+        raise ValueError("decode_step takes the newest token of each sequence as a 1-D tensor [batch], got "
+                         f"{tuple(token.shape) if isinstance(token, torch.Tensor) else type(token).__name__}")
+    cache.check_fits(token.shape[0], 1)
     logits = model(token[:, None], cache, check=False)
     return sample(logits[:, -1], **sampling)
 
@@ -74,14 +98,20 @@ class GenerationResult:
 def as_batch(ids, device) -> torch.Tensor:
     """Accept a list of ids, a 1-D tensor (batch 1) or a [batch, T] tensor; refuse anything else."""
     if isinstance(ids, (list, tuple)):
-        if len(ids) == 0:
-            raise ValueError("the prompt is empty; encode at least one token")
-        ids = torch.tensor(ids, dtype=torch.long)
+        try:
+            ids = torch.tensor(ids)      # keeps the element type, so floats are caught below
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError("ids must be a list of ints (or a list of equal-length lists for a batch)") from None
     if not isinstance(ids, torch.Tensor):
         raise TypeError(f"ids must be a list of ints or a LongTensor, got {type(ids).__name__}")
+    if ids.numel() == 0:
+        raise ValueError("the prompt is empty; encode at least one token")
+    if ids.dtype == torch.bool or ids.dtype.is_floating_point or ids.dtype.is_complex:
+        raise TypeError(f"ids must be integer token ids, got dtype {ids.dtype}; "
+                        "encode text with the tokenizer, or use torch.tensor(ids, dtype=torch.long)")
     if ids.dim() == 1:
         ids = ids[None]
-    if ids.dim() != 2 or ids.shape[1] == 0:
+    if ids.dim() != 2:
         raise ValueError(f"the prompt must be [batch, T] with T >= 1, got shape {tuple(ids.shape)}")
     return ids.to(device=device, dtype=torch.long)
 
@@ -94,8 +124,12 @@ def generate(model, ids, max_new_tokens: int, *, use_cache: bool = True, tempera
     t0 = time.perf_counter()   # the request starts now: validation and cache allocation count toward TTFT
     device = next(model.parameters()).device
     ids = as_batch(ids, device)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
+        raise TypeError(f"max_new_tokens must be an int, got {type(max_new_tokens).__name__} {max_new_tokens!r}")
+    max_new_tokens = int(max_new_tokens)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    check_sampling(temperature, top_k, top_p)
     T, ctx = ids.shape[1], model.config.context_length
     if T + max_new_tokens > ctx:
         raise ValueError(f"prompt ({T}) + max_new_tokens ({max_new_tokens}) = {T + max_new_tokens} tokens "

@@ -21,18 +21,52 @@ def dtype_bytes(dtype) -> int:
     return DTYPE_BYTES[name]
 
 
+def _shape(config_or_preset):
+    """A preset name, a ModelShape or a GPTConfig: anything with n_layer, n_kv_head and head_dim."""
+    return get_shape(config_or_preset) if isinstance(config_or_preset, str) else config_or_preset
+
+
+def _check_count(name: str, value, minimum: int) -> None:
+    # bool is an int subclass; True tokens is a typo, not 1.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def kv_bytes_per_token(config_or_preset, dtype=torch.float16) -> int:
+    """Cache bytes one token adds to one sequence: 2 (K and V) x layers x kv_heads x head_dim x bytes."""
+    shape = _shape(config_or_preset)
+    return 2 * shape.n_layer * shape.n_kv_head * shape.head_dim * dtype_bytes(dtype)
+
+
 def kv_cache_bytes(config_or_preset, seq_len: int, batch_size: int = 1, dtype=torch.float16) -> int:
     """2 (K and V) x layers x kv_heads x head_dim x bytes x seq_len x batch."""
-    shape = get_shape(config_or_preset) if isinstance(config_or_preset, str) else config_or_preset
-    if seq_len < 0 or batch_size < 1:
-        raise ValueError(f"need seq_len >= 0 and batch_size >= 1, got seq_len={seq_len}, batch_size={batch_size}")
-    return 2 * shape.n_layer * shape.n_kv_head * shape.head_dim * dtype_bytes(dtype) * seq_len * batch_size
+    _check_count("seq_len", seq_len, 0)
+    _check_count("batch_size", batch_size, 1)
+    return kv_bytes_per_token(config_or_preset, dtype) * seq_len * batch_size
 
 
-def weight_bytes(preset: str | ModelShape, dtype=torch.float16) -> int:
-    """Bytes of the published parameter count at `dtype`: what every decode step must read."""
-    shape = get_shape(preset) if isinstance(preset, str) else preset
-    return shape.n_params * dtype_bytes(dtype)
+def weight_bytes(preset, dtype=torch.float16) -> int:
+    """Bytes of the parameters at `dtype`: what every decode step must read.
+
+    A preset uses its published parameter count; a GPTConfig counts its own.
+    """
+    shape = _shape(preset)
+    n_params = shape.n_params if hasattr(shape, "n_params") else shape.num_params()
+    return n_params * dtype_bytes(dtype)
+
+
+def tokens_where_cache_exceeds_weights(preset, batch_size: int = 1, dtype=torch.float16,
+                                       weight_dtype=torch.float16) -> int:
+    """The smallest context (tokens per sequence) at which the batch's cache holds more bytes than the weights.
+
+    It can lie beyond the model's context length: then the cache never overtakes the weights for
+    one request, and only a larger batch makes it.
+    """
+    _check_count("batch_size", batch_size, 1)
+    per_step = kv_bytes_per_token(preset, dtype) * batch_size
+    return weight_bytes(preset, weight_dtype) // per_step + 1
 
 
 class KVCache:
@@ -45,10 +79,9 @@ class KVCache:
     def __init__(self, config, batch_size: int = 1, max_len: int | None = None,
                  device=None, dtype=torch.float32):
         max_len = config.context_length if max_len is None else max_len
-        if not 1 <= max_len <= config.context_length:
+        if not isinstance(max_len, int) or not 1 <= max_len <= config.context_length:
             raise ValueError(f"max_len={max_len} must be between 1 and the context length {config.context_length}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        _check_count("batch_size", batch_size, 1)
         shape = (config.n_layer, batch_size, config.n_kv_head, max_len, config.head_dim)
         # empty, not zeros: attention only ever reads positions < pos, which have been written.
         self.k = torch.empty(shape, device=device, dtype=dtype)
@@ -58,7 +91,28 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of both buffers: kv_cache_bytes(config, max_len, batch_size, dtype)."""
         return self.k.nbytes + self.v.nbytes
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.k.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.k.device
+
+    def __repr__(self) -> str:
+        n_layer, B, n_kv, L, hd = self.k.shape
+        return (f"KVCache(n_layer={n_layer}, batch_size={B}, n_kv_head={n_kv}, max_len={L}, head_dim={hd}, "
+                f"pos={self.pos}, dtype={self.dtype}, nbytes={self.nbytes:,})")
+
+    def clone(self) -> "KVCache":
+        """An independent copy (buffers and position), e.g. to try a step without touching this cache."""
+        other = object.__new__(KVCache)
+        other.k, other.v = self.k.clone(), self.v.clone()
+        other.batch_size, other.max_len, other.pos = self.batch_size, self.max_len, self.pos
+        return other
 
     def check_fits(self, batch_size: int, n_new: int) -> None:
         if batch_size != self.batch_size:
@@ -70,16 +124,23 @@ class KVCache:
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Write this step's keys/values at [pos, pos+T) and return all of them so far."""
         end = self.pos + k.shape[2]
+        # Plain ints, no host sync: cheap enough for every step. A batch-1 k would otherwise
+        # broadcast silently into every row of a larger cache.
+        if end > self.max_len or k.shape[0] != self.batch_size:
+            self.check_fits(k.shape[0], k.shape[2])
         self.k[layer, :, :, self.pos:end] = k
         self.v[layer, :, :, self.pos:end] = v
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
     def advance(self, n: int) -> None:
         """Called once per forward, after every layer has written its entries."""
+        if n < 0 or self.pos + n > self.max_len:
+            raise ValueError(f"cannot advance the cache by {n} from pos={self.pos}: it holds {self.max_len} positions")
         self.pos += n
 
     def reset(self) -> None:
         self.pos = 0
 
 
-__all__ = ["DTYPE_BYTES", "KVCache", "PRESETS", "dtype_bytes", "kv_cache_bytes", "weight_bytes"]
+__all__ = ["DTYPE_BYTES", "KVCache", "PRESETS", "dtype_bytes", "kv_bytes_per_token", "kv_cache_bytes",
+           "tokens_where_cache_exceeds_weights", "weight_bytes"]

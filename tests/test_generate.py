@@ -1,0 +1,274 @@
+"""Generation: cached decode gives the recompute tokens, the cache is really used, bad input is refused early."""
+import itertools
+import math
+
+import pytest
+import torch
+
+from labutils.generate import GenerationResult, decode_step, generate, prefill
+from labutils.kvcache import KVCache
+from labutils.model import GPT, GPTConfig
+
+VOCAB, CTX, N_NEW = 97, 96, 64
+
+
+def make_model(n_kv_head=4, gated=False, seed=0, n_layer=2, n_head=4, n_embd=32, ctx=CTX, impl="sdpa"):
+    """A small float64 model whose weights are spread out enough that greedy decoding wanders.
+
+    GPT-2's init (std 0.02) makes a random model echo one token forever, and then "same tokens with
+    and without the cache" proves little. float64 makes an argmax tie from rounding practically impossible.
+    """
+    cfg = GPTConfig(vocab_size=VOCAB, context_length=ctx, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+                    n_kv_head=n_kv_head, gated_mlp=gated, bias=not gated, tie_weights=not gated)
+    torch.manual_seed(seed)
+    model = GPT(cfg).set_attention(impl)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                scale = 1.0 if name.endswith("emb.weight") or name.startswith("lm_head") else 3.0
+                p.copy_(torch.randn(p.shape, generator=g) * scale / p.shape[-1] ** 0.5)
+    return model.double().eval()
+
+
+def prompt(batch=1, length=8, seed=0):
+    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def count_forwards(model):
+    """Record the ids shape of every forward pass the model runs."""
+    shapes = []
+    handle = model.register_forward_pre_hook(lambda mod, args: shapes.append(tuple(args[0].shape)))
+    return shapes, handle
+
+
+# MHA / GQA / MQA x GPT-2-style (GELU, tied) / Llama-style (SwiGLU, untied) x batch 1 and 2.
+SWEEP = list(itertools.product([4, 2, 1], [False, True], [1, 2]))
+
+
+@pytest.mark.parametrize("n_kv_head,gated,batch", SWEEP)
+def test_cached_tokens_equal_recompute_tokens(n_kv_head, gated, batch):
+    seed = 10 * n_kv_head + 2 * gated + batch
+    model = make_model(n_kv_head, gated, seed=seed)
+    ids = prompt(batch, 8, seed)
+    cached = generate(model, ids, N_NEW, use_cache=True)
+    recomputed = generate(model, ids, N_NEW, use_cache=False)
+    assert cached.tokens.shape == (batch, N_NEW)
+    assert torch.equal(cached.tokens, recomputed.tokens)
+    for row in cached.tokens.tolist():   # the model must not just repeat itself, or equality means little
+        assert len(set(row)) >= 8, f"random model degenerated to {row}"
+
+
+def test_naive_and_sdpa_attention_give_the_same_cached_tokens():
+    ids = prompt(2, 8, 3)
+    a = generate(make_model(2, seed=3, impl="naive"), ids, N_NEW).tokens
+    b = generate(make_model(2, seed=3, impl="sdpa"), ids, N_NEW).tokens
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 2, 1])
+def test_cached_logits_match_one_full_forward(n_kv_head):
+    """Prefill half the sequence, decode the rest one token at a time: every logit row matches."""
+    model = make_model(n_kv_head, seed=5)
+    ids = prompt(2, 40, 5)
+    with torch.no_grad():
+        full = model(ids)
+        cache = KVCache(model.config, 2, 40, dtype=torch.float64)
+        rows = [model(ids[:, :20], cache)]
+        rows += [model(ids[:, t:t + 1], cache) for t in range(20, 40)]
+    torch.testing.assert_close(torch.cat(rows, dim=1), full, rtol=0, atol=1e-10)
+
+
+# --- the cache is really used ---------------------------------------------------------------
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_prefill_feeds_the_prompt_and_each_decode_step_feeds_one_token(batch):
+    model = make_model(2, seed=1)
+    shapes, handle = count_forwards(model)
+    try:
+        generate(model, prompt(batch, 8), 10, use_cache=True)
+        cached = list(shapes)
+        shapes.clear()
+        generate(model, prompt(batch, 8), 10, use_cache=False)
+        recomputed = list(shapes)
+    finally:
+        handle.remove()
+    assert cached == [(batch, 8)] + [(batch, 1)] * 9
+    # Without the cache, every step feeds the whole sequence so far: the work the cache saves.
+    assert recomputed == [(batch, 8 + i) for i in range(10)]
+
+
+def test_token_embedding_sees_one_token_per_decode_step():
+    """The same proof one level down, on the embedding lookup itself."""
+    model = make_model(4, seed=2)
+    seen = []
+    handle = model.tok_emb.register_forward_hook(lambda mod, inp, out: seen.append(tuple(inp[0].shape)))
+    try:
+        generate(model, prompt(2, 12), 6)
+    finally:
+        handle.remove()
+    assert seen == [(2, 12)] + [(2, 1)] * 5
+
+
+def test_corrupting_the_cache_changes_the_next_logits():
+    model = make_model(2, seed=4)
+    ids = prompt(2, 16, 4)
+    with torch.no_grad():
+        cache = KVCache(model.config, 2, 32, dtype=torch.float64)
+        tok = prefill(model, ids, cache)
+        clean = model(tok[:, None], cache.clone())
+        for name in ("k", "v"):
+            bad = cache.clone()
+            getattr(bad, name)[:, :, :, :cache.pos] += 1.0   # only the written positions
+            assert not torch.allclose(model(tok[:, None], bad), clean), f"decode ignored cache.{name}"
+        # Garbage beyond pos must not matter: a decode step reads exactly the positions written so far.
+        junk = cache.clone()
+        junk.k[:, :, :, cache.pos:] = float("nan")
+        junk.v[:, :, :, cache.pos:] = float("nan")
+        torch.testing.assert_close(model(tok[:, None], junk), clean, rtol=0, atol=0)
+
+
+def test_decode_from_the_cache_alone_matches_recompute():
+    """Decode steps see only the newest token; the right answer can only come from the cache."""
+    model = make_model(1, seed=6)
+    ids = prompt(1, 10, 6)
+    with torch.no_grad():
+        cache = KVCache(model.config, 1, 20, dtype=torch.float64)
+        tok = prefill(model, ids, cache)
+        seq = torch.cat([ids, tok[:, None]], dim=1)
+        for _ in range(9):
+            tok = decode_step(model, tok, cache)
+            seq = torch.cat([seq, tok[:, None]], dim=1)
+    expected = generate(model, ids, 10, use_cache=False).tokens
+    assert torch.equal(seq[:, 10:], expected)
+
+
+def test_cache_pos_advances_by_one_per_decode_step():
+    model = make_model(4, seed=7)
+    with torch.no_grad():
+        cache = KVCache(model.config, 1, 30, dtype=torch.float64)
+        tok = prefill(model, prompt(1, 9), cache)
+        assert cache.pos == 9
+        for step in range(1, 21):
+            tok = decode_step(model, tok, cache)
+            assert cache.pos == 9 + step
+
+
+# --- bad input is refused before any work -------------------------------------------------------
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_too_long_request_names_the_context_before_any_forward(use_cache):
+    model = make_model(seed=0)
+    shapes, handle = count_forwards(model)
+    try:
+        with pytest.raises(ValueError, match=rf"context length {CTX}"):
+            generate(model, prompt(1, 40), CTX - 39, use_cache=use_cache)
+    finally:
+        handle.remove()
+    assert shapes == []
+    assert generate(model, prompt(1, 40), CTX - 40, use_cache=use_cache).tokens.shape == (1, CTX - 40)
+
+
+@pytest.mark.parametrize("ids", [[], torch.tensor([], dtype=torch.long), torch.empty(2, 0, dtype=torch.long),
+                                 [[]]])
+def test_empty_prompt(ids):
+    with pytest.raises(ValueError, match="empty"):
+        generate(make_model(), ids, 4)
+
+
+@pytest.mark.parametrize("n", [0, -3])
+def test_max_new_tokens_must_be_positive(n):
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(make_model(), [1, 2, 3], n)
+
+
+@pytest.mark.parametrize("n", [2.5, "4", True])
+def test_max_new_tokens_must_be_an_int(n):
+    with pytest.raises(TypeError, match="max_new_tokens"):
+        generate(make_model(), [1, 2, 3], n)
+
+
+@pytest.mark.parametrize("ids", [[1.5, 2.0], torch.tensor([1.0, 2.0]), [True, False], "hello",
+                                 torch.tensor([[1, 2]], dtype=torch.float64), [[1, 2], [3]]])
+def test_non_integer_ids_are_refused(ids):
+    model = make_model()
+    shapes, handle = count_forwards(model)
+    try:
+        with pytest.raises(TypeError, match="ids"):
+            generate(model, ids, 4)
+    finally:
+        handle.remove()
+    assert shapes == []
+
+
+def test_out_of_vocab_id_is_refused():
+    with pytest.raises(ValueError, match="vocab"):
+        generate(make_model(), [1, VOCAB], 4)
+
+
+def test_invalid_sampling_is_refused_before_any_forward():
+    model = make_model()
+    shapes, handle = count_forwards(model)
+    try:
+        with pytest.raises(ValueError, match="temperature"):
+            generate(model, [1, 2], 4, temperature=-1.0)
+        with pytest.raises(ValueError, match="top_p"):
+            generate(model, [1, 2], 4, temperature=1.0, top_p=0.0)
+    finally:
+        handle.remove()
+    assert shapes == []
+
+
+def test_batch_mismatch_with_cache():
+    model = make_model()
+    cache = KVCache(model.config, batch_size=1, max_len=20, dtype=torch.float64)
+    with pytest.raises(ValueError, match="batch"):
+        prefill(model, prompt(2, 5), cache)
+    assert cache.pos == 0
+    tok = prefill(model, prompt(1, 5), cache)
+    with pytest.raises(ValueError, match="batch"):
+        decode_step(model, tok.repeat(2), cache)     # would otherwise broadcast into the batch-1 cache
+    with pytest.raises(ValueError, match=r"1-D tensor \[batch\]"):
+        decode_step(model, tok[:, None], cache)
+    assert cache.pos == 5
+
+
+def test_decode_past_the_cache_says_how_to_fix_it():
+    model = make_model()
+    cache = KVCache(model.config, batch_size=1, max_len=6, dtype=torch.float64)
+    tok = prefill(model, prompt(1, 5), cache)
+    tok = decode_step(model, tok, cache)
+    with pytest.raises(ValueError, match=r"holds 6 positions.*max_len"):
+        decode_step(model, tok, cache)
+    assert cache.pos == 6
+
+
+# --- timestamps and the request metrics --------------------------------------------------------
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_timestamps_and_metrics(use_cache):
+    res = generate(make_model(), prompt(2, 6), 12, use_cache=use_cache)
+    ts = res.timestamps
+    assert isinstance(res, GenerationResult)
+    assert len(ts) == 12 and res.tokens.shape == (2, 12) and res.tokens.device.type == "cpu"
+    assert res.prompt_len == 6
+    assert all(t >= 0 for t in ts) and all(b >= a for a, b in zip(ts, ts[1:]))
+    assert res.ttft_s == ts[0]
+    assert res.tpot_s == pytest.approx((ts[-1] - ts[0]) / 11)
+    assert res.latency_s == ts[-1]
+    assert res.ttft_s + 11 * res.tpot_s == pytest.approx(res.latency_s)
+    assert len(res.itl_s) == 11 and sum(res.itl_s) == pytest.approx(ts[-1] - ts[0])
+
+
+def test_single_token_has_no_tpot():
+    res = generate(make_model(), [1, 2, 3], 1)
+    assert len(res.timestamps) == 1 and res.ttft_s == res.timestamps[0]
+    assert math.isnan(res.tpot_s)
+
+
+def test_list_and_1d_prompts_are_batch_one():
+    model = make_model(seed=8)
+    ids = prompt(1, 7, 8)
+    a = generate(model, ids, 5).tokens
+    assert torch.equal(generate(model, ids[0], 5).tokens, a)
+    assert torch.equal(generate(model, ids[0].tolist(), 5).tokens, a)

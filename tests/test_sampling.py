@@ -1,0 +1,106 @@
+"""Sampling: greedy limits, top-k / top-p on hand-made distributions, seeded reproducibility, bad settings."""
+import pytest
+import torch
+
+from labutils.generate import generate, sample, sampling_probs
+
+from test_generate import make_model, prompt
+
+# A hand-made distribution: probabilities 0.5, 0.3, 0.15, 0.05, shuffled so order is not position.
+P = torch.tensor([0.15, 0.5, 0.05, 0.3], dtype=torch.float64)
+LOGITS = P.log()[None]          # [1, 4]
+RANK = [1, 3, 0, 2]             # tokens from most to least likely
+
+
+def random_logits(batch=3, vocab=50, seed=0):
+    return torch.randn(batch, vocab, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def test_temperature_zero_is_argmax():
+    logits = random_logits()
+    assert torch.equal(sample(logits), logits.argmax(-1))
+    assert torch.equal(sample(logits, temperature=0.0, top_k=5, top_p=0.5), logits.argmax(-1))
+    probs = sampling_probs(logits, temperature=0)
+    assert torch.equal(probs.argmax(-1), logits.argmax(-1)) and torch.equal(probs.sum(-1), torch.ones(3))
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 3.0])
+def test_top_k_one_is_greedy(temperature):
+    logits = random_logits(seed=1)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        assert torch.equal(sample(logits, temperature, top_k=1, generator=g), logits.argmax(-1))
+
+
+def test_top_k_keeps_the_k_most_likely():
+    probs = sampling_probs(LOGITS, 1.0, top_k=2)[0].double()
+    expected = torch.zeros(4, dtype=torch.float64)
+    expected[[1, 3]] = P[[1, 3]] / (0.5 + 0.3)
+    torch.testing.assert_close(probs, expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("top_p,kept", [(0.3, 1), (0.45, 1), (0.6, 2), (0.79, 2), (0.81, 3), (0.9, 3),
+                                        (0.96, 4), (1.0, 4)])
+def test_top_p_keeps_the_smallest_set_covering_p(top_p, kept):
+    probs = sampling_probs(LOGITS, 1.0, top_p=top_p)[0].double()
+    keep = RANK[:kept]
+    expected = torch.zeros(4, dtype=torch.float64)
+    expected[keep] = P[keep] / P[keep].sum()
+    torch.testing.assert_close(probs, expected, rtol=0, atol=1e-6)
+    # and the sampler never draws a dropped token
+    g = torch.Generator().manual_seed(0)
+    drawn = {int(sample(LOGITS, 1.0, top_p=top_p, generator=g)) for _ in range(300)}
+    assert drawn == set(keep)
+
+
+def test_temperature_sharpens_and_flattens():
+    cold = sampling_probs(LOGITS, 0.5)[0]
+    warm = sampling_probs(LOGITS, 2.0)[0]
+    torch.testing.assert_close(sampling_probs(LOGITS, 1.0)[0].double(), P, rtol=0, atol=1e-6)
+    assert cold[1] > P[1] > warm[1]          # the favourite gains mass when cold, loses it when warm
+    assert cold[2] < P[2] < warm[2]
+
+
+def test_empirical_frequencies_follow_the_distribution():
+    g = torch.Generator().manual_seed(0)
+    draws = sample(LOGITS.expand(4000, 4), 1.0, generator=g)
+    freq = torch.bincount(draws, minlength=4).double() / 4000
+    torch.testing.assert_close(freq, P, rtol=0, atol=0.03)
+
+
+def test_seeded_sampling_is_reproducible():
+    model = make_model(2, seed=9)
+    ids = prompt(2, 6, 9)
+    a = generate(model, ids, 40, temperature=1.0, top_k=20, seed=123).tokens
+    b = generate(model, ids, 40, temperature=1.0, top_k=20, seed=123).tokens
+    c = generate(model, ids, 40, temperature=1.0, top_k=20, seed=124).tokens
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+    # Same seed, same distributions: the recompute path draws the same tokens as the cached one.
+    d = generate(model, ids, 40, temperature=1.0, top_k=20, seed=123, use_cache=False).tokens
+    assert torch.equal(a, d)
+
+
+def test_sampling_at_temperature_differs_from_greedy():
+    model = make_model(2, seed=9)
+    ids = prompt(1, 6, 9)
+    greedy = generate(model, ids, 40).tokens
+    assert torch.equal(greedy, generate(model, ids, 40, temperature=0.0, seed=5).tokens)
+    assert not torch.equal(greedy, generate(model, ids, 40, temperature=2.0, seed=5).tokens)
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(temperature=-0.1), "temperature"),
+    (dict(temperature=float("nan")), "temperature"),
+    (dict(temperature="hot"), "temperature"),
+    (dict(temperature=1.0, top_k=0), "top_k"),
+    (dict(temperature=1.0, top_k=2.5), "top_k"),
+    (dict(temperature=1.0, top_p=0.0), "top_p"),
+    (dict(temperature=1.0, top_p=1.5), "top_p"),
+    (dict(temperature=1.0, top_p=-0.2), "top_p"),
+])
+def test_invalid_settings_raise(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        sample(random_logits(), **kwargs)
+    with pytest.raises(ValueError, match=name):
+        sampling_probs(random_logits(), **kwargs)
