@@ -34,7 +34,7 @@ def _gpt2(name, n_layer, n_head, n_embd, n_params):
 
 PRESETS: dict[str, ModelShape] = {s.name: s for s in [
     # The course's own model, trained by `python -m labutils.train` (see data/tiny/config.json).
-    ModelShape("tiny", 4, 4, 4, 256, 4096, 256, 1024, False, True, 4_278_272, "data/tiny (this course)"),
+    ModelShape("tiny", 4, 4, 4, 256, 4096, 256, 1024, False, True, 4_273_664, "data/tiny (this course)"),
     _gpt2("gpt2-small", 12, 12, 768, 124_439_808),
     _gpt2("gpt2-medium", 24, 16, 1024, 354_823_168),
     _gpt2("gpt2-large", 36, 20, 1280, 774_030_080),

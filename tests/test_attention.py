@@ -1,0 +1,109 @@
+"""Attention kernels: naive and SDPA agree (MHA, GQA, MQA, offset query blocks), and the mask is causal."""
+import math
+
+import pytest
+import torch
+
+from labutils.kernels import ATTENTION_IMPLS, attention, causal_mask, naive_attention, sdpa_attention
+
+TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
+
+
+def qkv(batch, n_head, n_kv_head, tq, tk, head_dim, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, n_head, tq, head_dim, generator=g, dtype=dtype)
+    k = torch.randn(batch, n_kv_head, tk, head_dim, generator=g, dtype=dtype)
+    v = torch.randn(batch, n_kv_head, tk, head_dim, generator=g, dtype=dtype)
+    return q, k, v
+
+
+def reference(q, k, v, q_offset):
+    """Attention one query at a time, in float64 loops: slow and obviously right."""
+    B, H, Tq, d = q.shape
+    group = H // k.shape[1]
+    out = torch.zeros(B, H, Tq, v.shape[-1], dtype=torch.float64)
+    for h in range(H):
+        kh, vh = k[:, h // group].double(), v[:, h // group].double()   # query head h reads KV head h // group
+        for i in range(Tq):
+            visible = q_offset + i + 1                                   # keys 0 .. q_offset + i
+            s = q[:, h, i:i + 1].double() @ kh[:, :visible].transpose(-2, -1) / math.sqrt(d)
+            out[:, h, i] = (torch.softmax(s, dim=-1) @ vh[:, :visible])[:, 0]
+    return out
+
+
+# (n_head, n_kv_head, Tq, Tk, q_offset): prefill, decode, chunked prefill, static-cache reads.
+CASES = [
+    (4, 4, 7, 7, 0),     # prefill, multi-head
+    (4, 2, 9, 9, 0),     # prefill, GQA
+    (4, 1, 9, 9, 0),     # prefill, MQA
+    (4, 4, 1, 12, 11),   # decode step: one query, sees every key
+    (6, 2, 1, 12, 11),   # decode step, GQA
+    (4, 2, 5, 12, 7),    # a later chunk of prefill: queries at 7..11 over keys 0..11
+    (4, 4, 5, 20, 7),    # keys beyond the queries (a static cache buffer): must stay masked
+    (4, 1, 1, 20, 3),    # decode read of a longer buffer, MQA
+    (2, 2, 4, 4, 0),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("n_head,n_kv_head,tq,tk,q_offset", CASES)
+def test_naive_equals_sdpa_equals_reference(dtype, n_head, n_kv_head, tq, tk, q_offset):
+    q, k, v = qkv(2, n_head, n_kv_head, tq, tk, 8, dtype)
+    want = reference(q, k, v, q_offset)
+    for impl in ("naive", "sdpa"):
+        got = attention(q, k, v, q_offset=q_offset, impl=impl)
+        assert got.shape == q.shape and got.dtype == dtype
+        err = (got.double() - want).abs().max().item()
+        assert err < TOL[dtype], f"{impl}: max error {err:.2e}"
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_random_shapes_agree(seed):
+    g = torch.Generator().manual_seed(100 + seed)
+    r = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=g))   # noqa: E731
+    n_kv = r(1, 3)
+    n_head, tk, d = n_kv * r(1, 3), r(1, 40), r(1, 16)
+    tq = r(1, tk)
+    q_offset = r(0, tk - tq)
+    q, k, v = qkv(r(1, 3), n_head, n_kv, tq, tk, d, torch.float64, seed)
+    a, b = naive_attention(q, k, v, q_offset), sdpa_attention(q, k, v, q_offset)
+    assert (a - b).abs().max().item() < 1e-10
+    assert (a - reference(q, k, v, q_offset)).abs().max().item() < 1e-10
+
+
+def test_keys_beyond_the_query_do_not_leak():
+    """Garbage (even inf/nan-free huge values) in the unwritten part of a cache buffer changes nothing."""
+    q, k, v = qkv(1, 4, 2, 3, 10, 8, torch.float64)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, 6:], v2[:, :, 6:] = 1e6, -1e6   # positions 6..9 lie past the last query (offset 3 + 3 queries)
+    for fn in ATTENTION_IMPLS.values():
+        assert torch.equal(fn(q, k, v, 3), fn(q, k2, v2, 3))
+
+
+def test_causal_mask_values():
+    assert causal_mask(3, 3).tolist() == [[True, False, False], [True, True, False], [True, True, True]]
+    # Two queries at positions 2 and 3 over five keys.
+    assert causal_mask(2, 5, q_offset=2).tolist() == [[True, True, True, False, False],
+                                                     [True, True, True, True, False]]
+    m = causal_mask(4, 9, q_offset=3)
+    assert m.dtype == torch.bool and m.shape == (4, 9)
+    assert m.sum(dim=1).tolist() == [4, 5, 6, 7]   # query i sees q_offset + i + 1 keys
+
+
+def test_first_query_sees_only_itself():
+    """Prefill row 0 attends to key 0 alone, so its output is exactly v[0]."""
+    q, k, v = qkv(1, 2, 2, 5, 5, 4, torch.float64)
+    for fn in ATTENTION_IMPLS.values():
+        assert torch.allclose(fn(q, k, v)[:, :, 0], v[:, :, 0], atol=1e-12)
+
+
+def test_bad_impl_name_lists_the_choices():
+    q, k, v = qkv(1, 2, 2, 3, 3, 4, torch.float32)
+    with pytest.raises(ValueError, match=r"unknown attention impl 'flash'.*'naive', 'sdpa'"):
+        attention(q, k, v, impl="flash")
+
+
+def test_heads_that_do_not_group_are_refused():
+    q, k, v = qkv(1, 3, 2, 3, 3, 4, torch.float32)
+    with pytest.raises(ValueError, match="n_head=3 is not a multiple of n_kv_head=2"):
+        naive_attention(q, k, v)

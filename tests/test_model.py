@@ -1,0 +1,193 @@
+"""GPTConfig and GPT: shapes, parameter counts, input checks, checkpoints, and cached == uncached."""
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from labutils.kvcache import KVCache
+from labutils.model import GPT, GPTConfig, load_checkpoint, save_checkpoint
+from labutils.presets import PRESETS
+
+SMALL = GPTConfig(vocab_size=50, context_length=24, n_layer=2, n_head=4, n_embd=32)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return GPT(SMALL).eval()
+
+
+# ---- config --------------------------------------------------------------------------------------
+
+def test_config_defaults_fill_in():
+    assert SMALL.n_kv_head == 4 and SMALL.n_inner == 128 and SMALL.head_dim == 8
+
+
+def test_n_embd_must_split_into_heads():
+    with pytest.raises(ValueError, match="n_embd=30 must be divisible by n_head=4"):
+        GPTConfig(n_embd=30, n_head=4)
+
+
+def test_n_head_must_be_a_multiple_of_n_kv_head():
+    with pytest.raises(ValueError, match="n_head=6 must be a multiple of n_kv_head=4"):
+        GPTConfig(n_embd=48, n_head=6, n_kv_head=4)
+
+
+@pytest.mark.parametrize("field", ["vocab_size", "context_length", "n_layer", "n_head", "n_embd"])
+def test_sizes_must_be_positive(field):
+    with pytest.raises(ValueError, match=field):
+        GPTConfig(**{field: 0})
+
+
+def test_gpt2_small_preset_has_the_published_parameter_count():
+    cfg = GPTConfig.preset("gpt2-small")
+    assert (cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, cfg.context_length) == (12, 12, 768, 50257, 1024)
+    assert cfg.num_params() == 124_439_808
+    assert GPT(cfg).num_params() == 124_439_808
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_builds_a_config_of_the_right_size(name):
+    shape = PRESETS[name]
+    cfg = GPTConfig.preset(name)
+    assert cfg.head_dim == shape.head_dim and cfg.n_kv_head == shape.n_kv_head
+    if name.startswith("gpt2") or name == "tiny":
+        assert cfg.num_params() == shape.n_params
+    else:
+        # Llama-style models use RoPE (no position table) and RMSNorm; without our learned position
+        # table the rest (LayerNorm biases, Qwen's QKV biases) is within 0.5%, while a wrong FFN
+        # width, gating or tying would be off by several percent.
+        without_positions = cfg.num_params() - cfg.context_length * cfg.n_embd
+        assert abs(without_positions - shape.n_params) / shape.n_params < 0.005
+
+
+def test_preset_overrides_and_unknown_names():
+    assert GPTConfig.preset("gpt2-small", n_layer=2).n_layer == 2
+    with pytest.raises((KeyError, ValueError), match="gpt2-tiniest"):
+        GPTConfig.preset("gpt2-tiniest")
+
+
+@settings(max_examples=25, deadline=None)
+@given(n_kv_head=st.sampled_from([1, 2, 4]), group=st.sampled_from([1, 2, 3]), head_dim=st.sampled_from([2, 4, 8]),
+       n_layer=st.integers(1, 3), vocab=st.integers(1, 70), ctx=st.integers(1, 40),
+       n_inner=st.one_of(st.none(), st.integers(1, 50)), gated=st.booleans(), bias=st.booleans(),
+       tie=st.booleans())
+def test_num_params_formula_matches_the_model(n_kv_head, group, head_dim, n_layer, vocab, ctx, n_inner,
+                                              gated, bias, tie):
+    n_head = n_kv_head * group   # MHA when group == 1, MQA when n_kv_head == 1, GQA otherwise
+    cfg = GPTConfig(vocab_size=vocab, context_length=ctx, n_layer=n_layer, n_head=n_head,
+                    n_embd=n_head * head_dim, n_kv_head=n_kv_head, n_inner=n_inner, gated_mlp=gated,
+                    bias=bias, tie_weights=tie)
+    assert GPT(cfg).num_params() == cfg.num_params()
+
+
+# ---- forward and input checks --------------------------------------------------------------------
+
+def test_forward_shape(model):
+    ids = torch.randint(0, SMALL.vocab_size, (3, 10))
+    assert model(ids).shape == (3, 10, SMALL.vocab_size)
+
+
+def test_gqa_and_gated_models_run():
+    cfg = dataclasses.replace(SMALL, n_kv_head=1, gated_mlp=True, bias=False, tie_weights=False)
+    out = GPT(cfg)(torch.zeros(2, 5, dtype=torch.long))
+    assert out.shape == (2, 5, cfg.vocab_size) and torch.isfinite(out).all()
+
+
+def test_id_outside_vocab_is_refused(model):
+    with pytest.raises(ValueError, match="vocab"):
+        model(torch.tensor([[1, 2, SMALL.vocab_size]]))
+    with pytest.raises(ValueError, match="vocab"):
+        model(torch.tensor([[-1, 2]]))
+
+
+def test_sequence_longer_than_context_is_refused(model):
+    ids = torch.zeros(1, SMALL.context_length + 1, dtype=torch.long)
+    with pytest.raises(ValueError, match=f"context length {SMALL.context_length}"):
+        model(ids)
+    model(ids[:, :-1])   # exactly the context length is fine
+
+
+def test_cache_continuation_past_context_is_refused(model):
+    cache = KVCache(SMALL, batch_size=1)
+    model(torch.zeros(1, SMALL.context_length - 1, dtype=torch.long), cache)
+    with pytest.raises(ValueError, match="context length"):
+        model(torch.zeros(1, 2, dtype=torch.long), cache)
+
+
+def test_wrong_kind_of_ids_is_refused(model):
+    with pytest.raises(TypeError, match="integer tensor"):
+        model(torch.zeros(1, 3))
+    with pytest.raises(ValueError, match=r"\[batch, seq\]"):
+        model(torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"\[batch, seq\]"):
+        model(torch.zeros(1, 0, dtype=torch.long))
+
+
+def test_naive_and_sdpa_models_agree(model):
+    ids = torch.randint(0, SMALL.vocab_size, (2, 16))
+    with torch.no_grad():
+        a = model.set_attention("naive")(ids)
+        b = model.set_attention("sdpa")(ids)
+    assert torch.allclose(a, b, atol=1e-5)
+    with pytest.raises(ValueError, match="unknown attention impl 'flash'"):
+        model.set_attention("flash")
+
+
+def test_output_depends_only_on_the_past(model):
+    """Causality: changing a later token leaves earlier logits untouched."""
+    ids = torch.randint(0, SMALL.vocab_size, (1, 12))
+    changed = ids.clone()
+    changed[0, 8] = (ids[0, 8] + 1) % SMALL.vocab_size
+    with torch.no_grad():
+        a, b = model(ids), model(changed)
+    assert torch.equal(a[:, :8], b[:, :8])
+    assert not torch.allclose(a[:, 8:], b[:, 8:])
+
+
+# ---- the KV cache path (q_offset) ----------------------------------------------------------------
+
+@pytest.mark.parametrize("impl", ["naive", "sdpa"])
+@pytest.mark.parametrize("chunks", [[20], [7, 13], [5, 1, 1, 6, 7], [1] * 20])
+def test_cached_forward_in_chunks_equals_full_forward(impl, chunks):
+    torch.manual_seed(1)
+    cfg = dataclasses.replace(SMALL, n_kv_head=2)   # GQA, so the cache holds fewer heads than the queries
+    model = GPT(cfg).eval().set_attention(impl)
+    ids = torch.randint(0, cfg.vocab_size, (2, sum(chunks)))
+    cache = KVCache(cfg, batch_size=2, max_len=cfg.context_length)
+    with torch.no_grad():
+        full = model(ids)
+        parts, start = [], 0
+        for n in chunks:
+            parts.append(model(ids[:, start:start + n], cache))
+            start += n
+    assert cache.pos == sum(chunks)
+    assert torch.allclose(torch.cat(parts, dim=1), full, atol=1e-5)
+
+
+# ---- checkpoints ---------------------------------------------------------------------------------
+
+def test_checkpoint_round_trip(model, tmp_path):
+    save_checkpoint(model, tmp_path / "ckpt")
+    back = load_checkpoint(tmp_path / "ckpt")
+    assert back.config == model.config
+    assert back.lm_head.weight is back.tok_emb.weight   # still tied after loading
+    ids = torch.randint(0, SMALL.vocab_size, (2, 9))
+    with torch.no_grad():
+        assert torch.equal(back(ids), model(ids))
+
+
+def test_checkpoint_round_trip_untied_gqa(tmp_path):
+    cfg = dataclasses.replace(SMALL, n_kv_head=1, tie_weights=False, gated_mlp=True)
+    model = GPT(cfg).eval()
+    save_checkpoint(model, tmp_path)
+    back = load_checkpoint(tmp_path)
+    assert back.config == cfg
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), back.state_dict().values()))
+
+
+def test_load_checkpoint_names_what_is_missing(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json and model.pt"):
+        load_checkpoint(tmp_path)
