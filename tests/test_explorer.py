@@ -1,0 +1,175 @@
+"""The request measurement, its figure data, and the explorer widget driven headlessly (tiny preset)."""
+import importlib
+import math
+
+import pytest
+
+from labutils import measure
+from labutils import request_figures as rf
+from labutils.hardware import Peaks
+from labutils.widgets import explorer
+
+# The package exports the function `explorer`, which shadows the module of the same name.
+explorer_mod = importlib.import_module("labutils.widgets.explorer")
+
+FAKE_PEAKS = Peaks(bandwidth_Bps=10e9, flops=100e9, device_name="test CPU")
+TINY = dict(preset="tiny", prompt_len=32, new_tokens=8)
+
+
+@pytest.fixture(autouse=True)
+def fixed_peaks(monkeypatch):
+    """Requests are real; the peaks are fixed so the tests do not spend seconds probing the machine."""
+    fake = lambda device=None, dtype=None, refresh=False: FAKE_PEAKS    # noqa: E731
+    monkeypatch.setattr(measure, "measured_peaks", fake)
+    monkeypatch.setattr(explorer_mod, "measured_peaks", fake)
+
+
+# --- measure_request ------------------------------------------------------------------------------
+
+def test_measure_request_returns_consistent_metrics():
+    row = measure.measure_request("tiny", 16, 6, batch=2)
+    assert len(row["timestamps"]) == 6
+    assert row["ttft_s"] == row["timestamps"][0] > 0
+    assert row["tpot_s"] == pytest.approx((row["timestamps"][-1] - row["timestamps"][0]) / 5)
+    assert row["decode_pos"] == 16 + 3
+    assert row["decode_bytes"] == measure.roofline.decode_bytes(measure.GPTConfig.preset("tiny"), 19, 2, "fp32")
+    assert row["mbu"] == pytest.approx(row["decode_bytes"] / row["tpot_s"] / 10e9)
+    params = measure.GPTConfig.preset("tiny").num_params()
+    assert row["mfu_prefill"] == pytest.approx(2 * params * 2 * 16 / row["ttft_s"] / 100e9)
+    assert row["throughput_tok_s"] == pytest.approx(2 * 6 / row["latency_s"])
+    assert row["device_name"] == "test CPU"
+
+
+def test_models_are_built_once_per_preset_dtype_device():
+    assert measure.get_model("tiny", "fp32", "cpu") is measure.get_model("tiny", "fp32", "cpu")
+    bf16 = measure.get_model("tiny", "bf16", "cpu")
+    assert next(bf16.parameters()).dtype == measure.DTYPES["bf16"]
+    assert len(measure._MODELS) <= measure.MAX_CACHED_MODELS
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(prompt_len=250, new_tokens=8), "exceed tiny's context length 256"),
+    (dict(prompt_len=0, new_tokens=8), "prompt_len must be"),
+    (dict(prompt_len=8, new_tokens=1), "TPOT needs at least two output tokens"),
+    (dict(prompt_len=8, new_tokens=4, dtype="fp8"), "unknown dtype"),
+    (dict(prompt_len=8, new_tokens=4, batch=0), "batch must be"),
+])
+def test_bad_requests_are_refused_before_anything_runs(settings, message):
+    with pytest.raises(ValueError, match=message):
+        measure.measure_request("tiny", **settings)
+
+
+def test_a_request_that_does_not_fit_memory_says_how_to_shrink_it(monkeypatch):
+    monkeypatch.setattr(measure, "free_bytes", lambda device: 1e6)
+    with pytest.raises(ValueError, match="GB is free.*smaller preset"):
+        measure.check_request("gpt2-xl", 128, 32, 1, "fp32", "cpu")
+
+
+def test_preset_choices_leave_out_what_does_not_fit(monkeypatch):
+    monkeypatch.setattr(measure, "free_bytes", lambda device: 1e9)      # room for gpt2-small in fp32 only
+    offered, notes = measure.preset_choices("cpu")
+    assert offered == ["tiny", "gpt2-small"]
+    assert any(n.startswith("gpt2-xl: needs about") for n in notes)
+
+
+# --- figure data ----------------------------------------------------------------------------------
+
+ROW = dict(preset="tiny", dtype="fp32", device="cpu", batch=1, prompt_len=32, new_tokens=4,
+           timestamps=[0.010, 0.012, 0.014, 0.016], ttft_s=0.010, tpot_s=0.002, latency_s=0.016,
+           achieved_Bps=5e9, peak_bandwidth_Bps=10e9, mbu=0.5, mfu_prefill=0.25, mfu_decode=0.01,
+           achieved_flops=25e9, peak_flops=100e9, decode_tok_s=500.0)
+
+
+def test_timeline_has_one_tick_per_output_token():
+    d = rf.timeline_data(ROW)
+    assert d["prefill_ms"] == pytest.approx(10.0) and d["decode_ms"] == pytest.approx(6.0)
+    fig = rf.timeline_figure(ROW)
+    assert len(fig.data[2].x) == 4 and fig.data[1].base[0] == pytest.approx(10.0)
+
+
+def test_sweep_keeps_only_rows_at_the_same_other_settings():
+    rows = [dict(ROW, prompt_len=64, ttft_s=0.02), dict(ROW), dict(ROW, batch=2, prompt_len=128),
+            dict(ROW, prompt_len=64, ttft_s=0.03)]          # a re-measurement replaces the older point
+    p = rf.sweep_points(rows, ROW)
+    assert p["prompt_len"] == [32, 64] and p["ttft_ms"] == pytest.approx([10.0, 30.0])
+
+
+def test_utilization_is_percent_of_measured_peaks():
+    d = rf.utilization_data(ROW)
+    assert d["percent"] == pytest.approx([50.0, 25.0, 1.0])
+    assert d["text"][0] == "5.0 of 10.0 GB/s"
+
+
+def test_seed_comparison_puts_the_seed_beside_the_measurement():
+    fig = rf.seed_comparison_figure(dict(ROW, prompt_len=1000, new_tokens=200))
+    assert list(fig.data[0].y) == [400.0, 6000.0]
+    assert list(fig.data[1].y) == pytest.approx([10.0, 6.0])
+
+
+# --- the widget -----------------------------------------------------------------------------------
+
+class Counting:
+    """measure_request, counting the calls, so a test can see the cache at work."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, **settings):
+        self.calls += 1
+        return measure.measure_request(**settings)
+
+
+def test_explorer_measures_redraws_and_reuses_cached_settings():
+    counting = Counting()
+    ex = explorer_mod.Explorer("cpu", measure_fn=counting, **TINY)
+    assert counting.calls == 1
+    assert len(ex.fig_timeline.data[2].x) == 8
+    ex.new_tokens.value = 12
+    assert counting.calls == 2 and len(ex.fig_timeline.data[2].x) == 12
+    assert list(ex.fig_sweep.data[0].x) == [32]          # the new_tokens=12 curve has one point so far
+    ex.prompt_len.value = 64
+    assert counting.calls == 3 and list(ex.fig_sweep.data[0].x) == [32, 64]
+    ex.new_tokens.value = 8
+    assert counting.calls == 4 and list(ex.fig_sweep.data[0].x) == [32, 64]
+    ex.prompt_len.value = 32                             # measured before: redrawn from the cache
+    assert counting.calls == 4 and len(ex.fig_timeline.data[2].x) == 8
+    assert "TTFT" in ex.status.value and ex.progress.bar_style == "success"
+    assert ex.fig_util.data[0].y[0] > 0
+
+
+def test_impossible_setting_shows_a_message_and_keeps_the_last_plot():
+    ex = explorer(device="cpu", **TINY)
+    before = list(ex.fig_timeline.data[2].x)
+    ex.prompt_len.value = 256                            # 256 + 8 > tiny's context of 256
+    assert "context length 256" in ex.status.value and "shorten" in ex.status.value
+    assert list(ex.fig_timeline.data[2].x) == before
+    ex.prompt_len.value = 48                             # a good setting works again
+    assert "TTFT" in ex.status.value
+
+
+def test_a_failing_measurement_does_not_take_the_widget_down():
+    def out_of_memory(**settings):
+        if settings["batch"] > 1:
+            raise RuntimeError("CUDA ran out of memory for tiny; choose a smaller setting")
+        return measure.measure_request(**settings)
+
+    ex = explorer_mod.Explorer("cpu", measure_fn=out_of_memory, **TINY)
+    before = list(ex.fig_timeline.data[2].x)
+    ex.batch.value = 4
+    assert "ran out of memory" in ex.status.value and ex.progress.bar_style == "danger"
+    assert list(ex.fig_timeline.data[2].x) == before
+
+
+def test_changing_preset_adapts_the_prompt_slider(monkeypatch):
+    ex = explorer(device="cpu", **TINY)
+    assert ex.prompt_len.max == 256
+    monkeypatch.setattr(ex, "_measure", lambda **s: pytest.fail("must not measure gpt2-small here"))
+    monkeypatch.setattr(measure, "check_request", lambda **s: (_ for _ in ()).throw(ValueError("too big")))
+    ex.preset.value = "gpt2-small"
+    assert ex.prompt_len.max == 1024 and "too big" in ex.status.value
+
+
+def test_explorer_refuses_a_preset_not_offered():
+    with pytest.raises(ValueError, match="not offered"):
+        explorer(device="cpu", preset="llama-2-70b")
+    assert math.isfinite(measure.free_bytes("cpu"))
