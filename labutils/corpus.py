@@ -13,6 +13,8 @@ SKIP_DIRS = frozenset({"test", "tests", "idlelib", "site-packages", "dist-packag
                        "lib2to3", "turtledemo", "tkinter", "ensurepip", "venv"})
 MIN_CHARS = 80
 SEPARATOR = "\n\n"
+# Short texts the course wrote itself (English story, a parallel English/Japanese pair, code, numbers).
+TEXTS_DIR = Path(__file__).resolve().parent.parent / "data" / "texts"
 
 
 def stdlib_dir() -> Path:
@@ -80,3 +82,14 @@ def split_corpus(text: str, frac: float = 0.9) -> tuple[str, str]:
     if boundary == -1:  # no separator after the cut: split mid-text rather than return an empty heldout
         return text[:cut], text[cut:]
     return text[:boundary], text[boundary + len(SEPARATOR):]
+
+
+def course_prose() -> str:
+    """The course's own ~5,000-character English short story (data/texts/prose_en.txt)."""
+    return (TEXTS_DIR / "prose_en.txt").read_text(encoding="utf-8")
+
+
+def text_samples() -> dict[str, str]:
+    """Short samples by kind: "english", "japanese" (the same sentence), "code", "numbers"."""
+    import json
+    return json.loads((TEXTS_DIR / "samples.json").read_text(encoding="utf-8"))

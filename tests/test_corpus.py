@@ -52,3 +52,11 @@ def test_split_corpus():
         corpus.split_corpus(text, 1.0)
     with pytest.raises(TypeError, match="str"):
         corpus.split_corpus(b"bytes")
+
+
+def test_course_texts():
+    prose = corpus.course_prose()
+    assert len(prose) >= 5000  # lesson 01 measures its first 5,000 characters
+    samples = corpus.text_samples()
+    assert set(samples) == {"english", "japanese", "code", "numbers"}
+    assert all(isinstance(v, str) and v for v in samples.values())
