@@ -1,0 +1,142 @@
+"""KV-cache calculator: cache bytes against weight bytes for real model shapes, context, batch and dtype."""
+from __future__ import annotations
+
+import html
+
+import ipywidgets as w
+import plotly.graph_objects as go
+
+from ..kvcache import kv_bytes_per_token, tokens_where_cache_exceeds_weights, weight_bytes
+from ..presets import PRESETS, get_shape
+
+CACHE_DTYPES = ("fp16", "bf16", "fp8", "int8")
+GB = 1e9                  # decimal gigabytes, as GPU memory and the essay's "14 GB" are quoted
+MAX_CONTEXT = max(s.context_length for s in PRESETS.values())
+
+
+def kv_summary(preset: str, context: int, batch: int = 1, dtype: str = "fp16", weight_dtype: str = "fp16") -> dict:
+    """Everything the calculator shows, as plain numbers; raises ValueError for impossible settings."""
+    shape = get_shape(preset)
+    if isinstance(context, bool) or not isinstance(context, int) or context < 1:
+        raise ValueError(f"context must be a whole number of tokens >= 1, got {context!r}")
+    if context > shape.context_length:
+        raise ValueError(f"{preset} reads at most {shape.context_length:,} tokens of context, not {context:,}; "
+                         f"lower the context, or pick a model with a longer context")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be a whole number of sequences >= 1, got {batch!r}")
+    per_token = kv_bytes_per_token(shape, dtype)
+    cache, weights = per_token * context * batch, weight_bytes(shape, weight_dtype)
+    crossover = tokens_where_cache_exceeds_weights(shape, batch, dtype, weight_dtype)
+    s = dict(preset=preset, context=context, batch=batch, dtype=dtype, weight_dtype=weight_dtype,
+             context_length=shape.context_length, n_layer=shape.n_layer, n_kv_head=shape.n_kv_head,
+             head_dim=shape.head_dim, bytes_per_token=per_token, cache_bytes=cache, weight_bytes=weights,
+             cache_to_weights=cache / weights, crossover_tokens=crossover,
+             crossover_in_context=crossover <= shape.context_length,
+             # the smallest batch whose cache, at this context, holds more bytes than the weights
+             batch_to_exceed=weights // (per_token * context) + 1)
+    s["text"] = summary_text(s)
+    return s
+
+
+def summary_text(s: dict) -> str:
+    """One paragraph in words for a kv_summary dict."""
+    seqs = "sequence" if s["batch"] == 1 else "sequences"
+    lines = [
+        f"{s['preset']}: {s['n_layer']} layers x {s['n_kv_head']} KV heads x {s['head_dim']} dims x K and V "
+        f"= {s['bytes_per_token']:,} bytes ({s['bytes_per_token'] / 2**20:.3g} MiB) per token in {s['dtype']}.",
+        f"{s['batch']} {seqs} x {s['context']:,} tokens: {s['cache_bytes'] / GB:.2f} GB of KV cache vs "
+        f"{s['weight_bytes'] / GB:.2f} GB of {s['weight_dtype']} weights "
+        f"({100 * s['cache_to_weights']:.0f}% of the weights).",
+    ]
+    if s["crossover_in_context"]:
+        lines.append(f"The cache overtakes the weights at {s['crossover_tokens']:,} tokens per sequence.")
+    else:
+        lines.append(f"The cache would overtake the weights at {s['crossover_tokens']:,} tokens per sequence, "
+                     f"beyond this model's {s['context_length']:,}-token context.")
+    lines.append(f"At {s['context']:,} tokens, a batch of {s['batch_to_exceed']:,} makes the cache bigger "
+                 "than the weights.")
+    return " ".join(lines)
+
+
+def cache_curve(preset: str, batch: int = 1, dtype: str = "fp16", points: int = 129) -> tuple[list[int], list[float]]:
+    """Context lengths from 0 to the preset's context and the cache GB at each: a straight line."""
+    shape = get_shape(preset)
+    xs = sorted({round(i * shape.context_length / (points - 1)) for i in range(points)})
+    per_step = kv_bytes_per_token(shape, dtype) * batch
+    return xs, [x * per_step / GB for x in xs]
+
+
+class KVCalculator(w.VBox):
+    """Preset dropdown, context and batch sliders, cache dtype toggle; a FigureWidget and a summary.
+
+    Traces: 0 the cache (GB) against context, 1 the weights as a horizontal line, 2 the crossover
+    point (empty when it lies beyond the context), 3 the chosen context.
+    """
+
+    def __init__(self, preset: str = "llama-2-7b", context: int = 4096, batch: int = 1, dtype: str = "fp16"):
+        get_shape(preset)      # an unknown name fails here, loudly, before any widget exists
+        style, wide = {"description_width": "90px"}, w.Layout(width="420px")
+        self.preset = w.Dropdown(options=list(PRESETS), value=preset, description="model", style=style, layout=wide)
+        self.context = w.IntSlider(value=context, min=1, max=MAX_CONTEXT, step=1, description="context",
+                                   continuous_update=False, style=style, layout=wide)
+        self.batch = w.IntSlider(value=batch, min=1, max=256, description="batch", continuous_update=False,
+                                 style=style, layout=wide)
+        self.dtype = w.ToggleButtons(options=list(CACHE_DTYPES), value=dtype, description="cache dtype",
+                                     style={"description_width": "90px", "button_width": "60px"})
+        self.summary = w.HTML()
+        self.fig = go.FigureWidget(_empty_figure())
+        for control in (self.preset, self.context, self.batch, self.dtype):
+            control.observe(lambda change: self.refresh(), names="value")
+        super().__init__([w.HBox([w.VBox([self.preset, self.context, self.batch]), self.dtype]),
+                          self.summary, self.fig])
+        self.refresh()
+
+    def refresh(self) -> dict | None:
+        """Redraw for the current controls; an impossible setting becomes a message, never an exception."""
+        preset, batch, dtype = self.preset.value, self.batch.value, self.dtype.value
+        xs, ys = cache_curve(preset, batch, dtype)
+        shape = get_shape(preset)
+        weights = weight_bytes(shape) / GB
+        crossover = tokens_where_cache_exceeds_weights(shape, batch, dtype)
+        try:
+            s = kv_summary(preset, self.context.value, batch, dtype)
+        except ValueError as err:
+            s = None
+            self.summary.value = f"<span style='color:#b00020'><b>Not possible:</b> {html.escape(str(err))}</span>"
+        with self.fig.batch_update():
+            self.fig.data[0].update(x=xs, y=ys, name=f"KV cache, batch {batch}, {dtype}")
+            self.fig.data[1].update(x=[0, shape.context_length], y=[weights, weights],
+                                    name=f"weights ({shape.n_params / 1e9:.2f}B params, fp16)")
+            inside = crossover <= shape.context_length
+            self.fig.data[2].update(x=[crossover] if inside else [], y=[crossover * ys[-1] / xs[-1]] if inside else [])
+            if s is None:
+                self.fig.data[3].update(x=[], y=[])
+            else:
+                self.fig.data[3].update(x=[s["context"]], y=[s["cache_bytes"] / GB])
+            where = (f"cache passes the weights at {crossover:,} tokens" if inside else
+                     f"the cache passes the weights only at {crossover:,} tokens, beyond the context")
+            self.fig.layout.title.text = f"{preset}: {where}"
+            self.fig.layout.xaxis.range = [0, shape.context_length]
+        if s is not None:
+            self.summary.value = html.escape(s["text"])
+        return s
+
+
+def _empty_figure() -> go.Figure:
+    fig = go.Figure([
+        go.Scatter(mode="lines", line=dict(width=3, color="#1f77b4"), name="KV cache"),
+        go.Scatter(mode="lines", line=dict(dash="dash", color="#444"), name="weights"),
+        go.Scatter(mode="markers", marker=dict(size=12, color="#d62728", symbol="x"), name="crossover"),
+        go.Scatter(mode="markers", marker=dict(size=10, color="#2ca02c"), name="chosen context"),
+    ])
+    fig.update_layout(xaxis_title="context (tokens per sequence)", yaxis_title="GB", height=380,
+                      margin=dict(t=50, b=40, l=60, r=20), legend=dict(x=0.01, y=0.99))
+    return fig
+
+
+def kv_calculator(preset: str = "llama-2-7b", context: int = 4096, batch: int = 1, dtype: str = "fp16") -> KVCalculator:
+    """The KV-cache calculator widget; every number it shows comes from kv_summary()."""
+    return KVCalculator(preset, context, batch, dtype)
+
+
+__all__ = ["KVCalculator", "cache_curve", "kv_calculator", "kv_summary", "summary_text"]

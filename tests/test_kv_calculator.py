@@ -1,0 +1,84 @@
+"""KV-cache calculator: kv_summary numbers, and the widget driven headlessly."""
+import pytest
+
+from labutils.kvcache import kv_cache_bytes, weight_bytes
+from labutils.presets import PRESETS
+from labutils.widgets import KVCalculator, kv_calculator, kv_summary
+from labutils.widgets.kv_calculator import GB, cache_curve
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp8", "int8"])
+def test_summary_numbers_come_from_the_formulas(preset, dtype):
+    ctx = PRESETS[preset].context_length
+    s = kv_summary(preset, ctx, 3, dtype)
+    assert s["cache_bytes"] == kv_cache_bytes(preset, ctx, 3, dtype)
+    assert s["weight_bytes"] == weight_bytes(preset, "fp16")
+    assert s["cache_to_weights"] == pytest.approx(s["cache_bytes"] / s["weight_bytes"])
+    assert kv_cache_bytes(preset, s["crossover_tokens"], 3, dtype) > s["weight_bytes"]
+    assert kv_cache_bytes(preset, s["crossover_tokens"] - 1, 3, dtype) <= s["weight_bytes"]
+    assert kv_cache_bytes(preset, ctx, s["batch_to_exceed"], dtype) > s["weight_bytes"]
+    assert kv_cache_bytes(preset, ctx, s["batch_to_exceed"] - 1, dtype) <= s["weight_bytes"]
+    assert s["crossover_in_context"] == (s["crossover_tokens"] <= ctx)
+
+
+def test_summary_text_for_the_seed_example():
+    s = kv_summary("llama-2-7b", 4096)
+    assert "524,288 bytes (0.5 MiB) per token" in s["text"]
+    assert "2.15 GB of KV cache vs 13.48 GB of fp16 weights" in s["text"]
+    assert "25,706 tokens" in s["text"] and "beyond this model's 4,096-token context" in s["text"]
+    assert "a batch of 7" in s["text"]
+    assert "overtakes the weights at 3,214 tokens" in kv_summary("llama-2-7b", 4096, 8)["text"]
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(preset="gpt2-small", context=2048), "at most 1,024 tokens"),
+    (dict(preset="tiny", context=0), "context"),
+    (dict(preset="tiny", context=10, batch=0), "batch"),
+    (dict(preset="tiny", context=10, dtype="fp4"), "dtype"),
+    (dict(preset="gpt-9", context=10), "unknown preset"),
+])
+def test_impossible_settings_raise_clear_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        kv_summary(**kwargs)
+
+
+def test_cache_curve_is_a_line_to_the_context():
+    xs, ys = cache_curve("llama-3-8b", 2, "fp8")
+    assert xs[0] == 0 and xs[-1] == 8192 and ys[0] == 0
+    assert ys[-1] == pytest.approx(kv_cache_bytes("llama-3-8b", 8192, 2, "fp8") / GB)
+
+
+def test_widget_follows_its_controls():
+    k = kv_calculator()
+    assert isinstance(k, KVCalculator)
+    y16 = list(k.fig.data[0].y)
+    assert "llama-2-7b" in k.summary.value and "2.15 GB" in k.summary.value
+    assert k.fig.data[1].y[0] == pytest.approx(weight_bytes("llama-2-7b") / GB)
+    assert list(k.fig.data[2].x) == []                      # crossover beyond 4,096 tokens at batch 1
+    assert list(k.fig.data[3].x) == [4096]
+
+    k.dtype.value = "fp8"
+    assert list(k.fig.data[0].y) == pytest.approx([y / 2 for y in y16])
+    assert "1.07 GB of KV cache" in k.summary.value and "in fp8" in k.summary.value
+
+    k.batch.value = 8                                       # fp8, batch 8: crossover at 6,427 tokens, off the plot
+    k.dtype.value = "fp16"
+    assert list(k.fig.data[0].y) == pytest.approx([8 * y for y in y16])
+    assert list(k.fig.data[2].x) == [3214]                  # now the crossover lies inside the context
+    assert "3,214" in k.fig.layout.title.text and "17.18 GB" in k.summary.value
+
+    k.preset.value = "llama-3-8b"                           # GQA: 4x fewer bytes per token
+    assert k.fig.data[0].x[-1] == 8192
+    assert "131,072 bytes" in k.summary.value
+
+
+def test_impossible_widget_setting_shows_a_message_not_an_exception():
+    k = kv_calculator("llama-3-8b", context=8192)
+    k.preset.value = "gpt2-small"                            # context 8,192 > gpt2's 1,024
+    assert "Not possible" in k.summary.value and "1,024" in k.summary.value
+    assert list(k.fig.data[3].x) == []                      # no chosen-context marker
+    assert k.fig.data[0].x[-1] == 1024                      # the curves still show gpt2-small
+    k.context.value = 1000
+    assert "Not possible" not in k.summary.value and "gpt2-small" in k.summary.value
+    assert list(k.fig.data[3].x) == [1000]
