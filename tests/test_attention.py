@@ -1,9 +1,10 @@
-"""Attention kernels: naive and SDPA agree (MHA, GQA, MQA, offset query blocks), and the mask is causal."""
+"""Attention kernels agree (MHA, GQA, MQA, offset query blocks), the mask is causal, and their costs are counted right."""
 import math
 
 import pytest
 import torch
 
+from labutils import attention_cost as ac
 from labutils.kernels import ATTENTION_IMPLS, attention, causal_mask, naive_attention, sdpa_attention
 
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
@@ -107,3 +108,71 @@ def test_heads_that_do_not_group_are_refused():
     q, k, v = qkv(1, 3, 2, 3, 3, 4, torch.float32)
     with pytest.raises(ValueError, match="n_head=3 is not a multiple of n_kv_head=2"):
         naive_attention(q, k, v)
+
+
+# ---- labutils.attention_cost: the formulas and measurements lesson 03 plots -------------------
+
+def test_score_matrix_bytes_formula():
+    assert ac.score_matrix_bytes(4096, 12, dtype=torch.float16) == 12 * 4096 * 4096 * 2 == 402_653_184
+    assert ac.score_matrix_bytes(10, 2, batch_size=3) == 3 * 2 * 10 * 10 * 4
+    assert ac.score_matrix_bytes(1000, 8, n_queries=1) == 8 * 1000 * 4   # a decode step: one row
+    with pytest.raises(ValueError, match="seq_len must be a positive int"):
+        ac.score_matrix_bytes(0, 4)
+    with pytest.raises(ValueError, match="fp12"):
+        ac.score_matrix_bytes(8, 4, dtype="fp12")
+
+
+def test_score_traffic_is_four_trips_for_naive_and_none_for_fused():
+    s = ac.score_matrix_bytes(512, 4)
+    assert ac.score_traffic_bytes(512, 4, impl="naive") == 4 * s
+    assert ac.score_traffic_bytes(512, 4, impl="sdpa") == 0
+    assert ac.qkvo_bytes(512, 4, 64) == 4 * 512 * 4 * 64 * 4
+    with pytest.raises(ValueError, match="unknown attention impl 'flash'"):
+        ac.score_traffic_bytes(512, 4, impl="flash")
+
+
+def test_peak_memory_counts_a_known_allocation():
+    peak, source = ac.peak_memory_bytes(lambda: torch.ones(1_000_000), "cpu")
+    assert source.startswith("measured")
+    assert 4_000_000 <= peak < 4_100_000
+
+
+def test_naive_holds_score_matrices_and_sdpa_does_not():
+    """The lesson's memory claim, measured: naive keeps >= 1 full [T, T] matrix alive, SDPA none."""
+    q, k, v = ac.make_qkv(256, n_head=4, head_dim=32)
+    s = ac.score_matrix_bytes(256, 4)
+    naive_peak, _ = ac.peak_memory_bytes(lambda: naive_attention(q, k, v), "cpu")
+    sdpa_peak, _ = ac.peak_memory_bytes(lambda: sdpa_attention(q, k, v), "cpu")
+    assert naive_peak >= 2 * s         # scores and their scaled copy coexist
+    assert sdpa_peak < s / 2
+
+
+def test_measure_attention_rows():
+    rows = ac.measure_attention([16, 32], n_head=2, head_dim=8, warmup=0, repeats=1)
+    assert [(r["seq_len"], r["impl"]) for r in rows] == [(16, "naive"), (16, "sdpa"), (32, "naive"), (32, "sdpa")]
+    for r in rows:
+        assert r["median_s"] > 0 and r["peak_bytes"] > 0 and r["error"] is None
+        assert r["score_bytes"] == ac.score_matrix_bytes(r["seq_len"], 2)
+    with pytest.raises(ValueError, match="unknown attention impl 'fast'"):
+        ac.measure_attention([16], impls=("fast",))
+
+
+def test_measure_attention_reports_out_of_memory_and_reraises_other_errors(monkeypatch):
+    def oom(q, k, v, q_offset=0):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 TB")
+
+    monkeypatch.setitem(ATTENTION_IMPLS, "naive", oom)
+    rows = ac.measure_attention([8], n_head=1, head_dim=4, warmup=0, repeats=1)
+    assert rows[0]["error"] == "out of memory" and rows[0]["peak_bytes"] is None
+    assert rows[1]["error"] is None   # sdpa still ran
+
+    def broken(q, k, v, q_offset=0):
+        raise RuntimeError("shape mismatch")
+
+    monkeypatch.setitem(ATTENTION_IMPLS, "naive", broken)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        ac.measure_attention([8], n_head=1, head_dim=4, warmup=0, repeats=1)
+
+
+def test_sdpa_kernel_name_is_an_sdpa_op():
+    assert "scaled_dot_product" in ac.sdpa_kernel_name(*ac.make_qkv(64, n_head=2, head_dim=16))
