@@ -222,6 +222,20 @@ def default_matmul_n(device: torch.device | str | None = None) -> int:
     return {"cuda": 8192, "mps": 4096}.get(kind, 2048)
 
 
+def _affordable_n(dtype: torch.dtype, device: torch.device, n_max: int, budget_s: float = 1.0) -> int:
+    """n (a multiple of 256, at most n_max) whose GEMM a 512 x 512 probe says takes at most ~budget_s.
+
+    A CPU without 16-bit units emulates fp16/bf16 and can be 50x slower than fp32; this keeps
+    measured_peaks quick there instead of stalling a lesson for a minute.
+    """
+    probe = 512
+    a = torch.randn(probe, probe, device=device).to(dtype)
+    rate = 2 * probe ** 3 / max(time_fn(lambda: a @ a, device=device, warmup=1, repeats=2).min_s, 1e-9)
+    if 2 * n_max ** 3 / rate <= budget_s:
+        return n_max
+    return max(probe, int((budget_s * rate / 2) ** (1 / 3)) // 256 * 256)
+
+
 def check_dtype(dtype: torch.dtype, device: torch.device | str | None = None) -> None:
     """Raise a clear error when `device` cannot multiply matrices of `dtype`."""
     device = _resolve(device)
@@ -245,8 +259,10 @@ def measure_matmul_flops(dtype: torch.dtype = torch.float32, device: torch.devic
                          n: int | None = None, repeats: int = 3, warmup: int = 1) -> float:
     """Matrix-multiply throughput in FLOP/s: an n x n by n x n product costs 2 * n**3 FLOPs.
 
-    n defaults to `default_matmul_n(device)` (2048 on CPU: well under 2 s in all; 8192 on GPU),
-    halved (with a warning) while three n x n matrices would not fit in free memory. Use
+    n defaults to `default_matmul_n(device)` (2048 on CPU, 8192 on GPU); for 16-bit dtypes on a
+    CPU it is lowered until one product takes about a second, since CPUs without 16-bit units
+    emulate them slowly; and it is halved (with a warning) while three n x n matrices would
+    not fit in free memory. Use
     float16/bfloat16 on a GPU to reach its tensor cores. On NVIDIA, float32 uses TF32 tensor
     cores only if `torch.backends.cuda.matmul.allow_tf32` is set; we report whatever torch does.
     """
@@ -254,6 +270,8 @@ def measure_matmul_flops(dtype: torch.dtype = torch.float32, device: torch.devic
     check_dtype(dtype, device)
     if n is None:
         n = default_matmul_n(device)
+        if device.type == "cpu" and dtype != torch.float32:
+            n = _affordable_n(dtype, device, n)
         free = free_memory_bytes(device)
         while free is not None and n > 256 and 3 * n * n * dtype.itemsize > free // 2:
             n //= 2

@@ -77,6 +77,17 @@ def test_matmul_flops_small_is_positive_finite(dtype):
     assert math.isfinite(flops) and flops > 0
 
 
+def test_slow_16bit_cpu_matmul_gets_a_smaller_default_n(monkeypatch):
+    def fake_time_fn(seconds):
+        return lambda fn, **kw: (fn(), type("T", (), {"min_s": seconds, "median_s": seconds})())[1]
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(hw, "time_fn", fake_time_fn(2 * 512 ** 3 / 1e12))    # 1 TFLOP/s: default fits
+    assert hw._affordable_n(torch.float16, cpu, 2048) == 2048
+    monkeypatch.setattr(hw, "time_fn", fake_time_fn(2 * 512 ** 3 / 1e9))     # 1 GFLOP/s: emulated
+    n = hw._affordable_n(torch.float16, cpu, 2048)
+    assert n % 256 == 0 and 512 <= n < 2048 and 2 * n ** 3 / 1e9 <= 1.0
+
+
 @pytest.mark.parametrize("dtype", [torch.int8, torch.int64, torch.bool, "float32"])
 def test_matmul_refuses_non_float_dtypes(dtype):
     with pytest.raises(TypeError, match="float dtype"):
