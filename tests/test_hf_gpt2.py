@@ -85,11 +85,12 @@ def hf_model():
 
 @pytest.fixture(scope="module")
 def saved(hf_model, tmp_path_factory):
-    """The same model in three layouts: model.safetensors, a sharded safetensors, a legacy .bin."""
+    """The same model as model.safetensors, sharded safetensors, save_pretrained's .bin and a legacy .bin."""
     root = tmp_path_factory.mktemp("hf")
     hf_model.save_pretrained(root / "safetensors")
     hf_model.save_pretrained(root / "sharded", max_shard_size="40KB")
     assert (root / "sharded" / "model.safetensors.index.json").exists()
+    hf_model.save_pretrained(root / "hf_bin", safe_serialization=False)   # transformers >= 5 ignores this
     # The original OpenAI GPT-2 .bin files: no "transformer." prefix, plus the causal-mask buffers.
     # (transformers >= 5 no longer writes .bin, so we write what older versions wrote.)
     legacy = root / "bin"
@@ -103,8 +104,10 @@ def saved(hf_model, tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("layout", ["safetensors", "sharded", "bin"])
+@pytest.mark.parametrize("layout", ["safetensors", "sharded", "hf_bin", "bin"])
 def test_logits_match_transformers(hf_model, saved, layout, record_property):
+    if layout == "hf_bin" and not (saved / layout / "pytorch_model.bin").exists():
+        pytest.skip("this transformers version writes only safetensors (the 'bin' case covers .bin files)")
     model = load_hf_gpt2(saved / layout)
     assert model.config.n_layer == 2 and model.config.context_length == CTX and model.config.vocab_size == VOCAB
     ids = torch.randint(0, VOCAB, (2, CTX), generator=torch.Generator().manual_seed(1))
