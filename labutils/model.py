@@ -223,7 +223,11 @@ def _hf_gpt2_config(hf: dict) -> GPTConfig:
     for key, (value, ok) in unsupported.items():
         if value not in ok:
             raise ValueError(f"config.json sets {key}={value!r}; this GPT implements only {ok}")
-    return GPTConfig(vocab_size=hf["vocab_size"], context_length=hf.get("n_positions", hf.get("n_ctx")),
+    hf = {"n_positions": hf.get("n_ctx"), **hf}   # very old GPT-2 configs call the context n_ctx
+    missing = [k for k in ("vocab_size", "n_positions", "n_layer", "n_head", "n_embd") if hf.get(k) is None]
+    if missing:
+        raise ValueError(f"config.json lacks {missing}; it is not a GPT-2 config")
+    return GPTConfig(vocab_size=hf["vocab_size"], context_length=hf["n_positions"],
                      n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"],
                      n_inner=hf.get("n_inner"), tie_weights=hf.get("tie_word_embeddings", True))
 
@@ -327,3 +331,17 @@ def save_checkpoint(model: GPT, path: str | Path) -> None:
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(dataclasses.asdict(model.config), indent=2) + "\n")
     torch.save(model.state_dict(), path / "model.pt")   # a tied tensor is stored once
+
+
+def load_pretrained(map_location="cpu"):
+    """The course's trained tiny GPT (data/tiny, fp32, eval mode) and the course encoding it reads.
+
+    Both come from files in the repository: nothing is downloaded. Returns (model, encoding).
+    """
+    from .tokenizer import get_encoding
+    model = load_checkpoint(DATA_DIR / "tiny", map_location=map_location)
+    enc = get_encoding("course")
+    if enc.n_vocab != model.config.vocab_size:
+        raise ValueError(f"data/tiny expects a vocab of {model.config.vocab_size} but the course encoding "
+                         f"has {enc.n_vocab}; rebuild the checkpoint with `python -m labutils.train`")
+    return model, enc

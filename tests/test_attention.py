@@ -1,4 +1,4 @@
-"""Attention kernels agree (MHA, GQA, MQA, offset query blocks), the mask is causal, and their costs are counted right."""
+"""Attention kernels agree (MHA, GQA, MQA, offset queries), the mask is causal, and their costs add up."""
 import math
 
 import pytest

@@ -172,6 +172,9 @@ def test_unsupported_config_is_refused(saved, tmp_path):
     (path / "config.json").write_text(json.dumps({**cfg, "model_type": "llama"}))
     with pytest.raises(ValueError, match="GPT-2 only"):
         load_hf_gpt2(path)
+    (path / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "n_layer"}))
+    with pytest.raises(ValueError, match="lacks \\['n_layer'\\]"):
+        load_hf_gpt2(path)
 
 
 def test_missing_files_say_what_is_needed(tmp_path):
