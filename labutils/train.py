@@ -1,0 +1,272 @@
+"""Train the course's tiny GPT on stdlib docstrings: `python -m labutils.train` rebuilds data/tiny/."""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .model import DATA_DIR, GPT, GPTConfig, load_checkpoint, save_checkpoint
+
+TINY_DIR = DATA_DIR / "tiny"
+# Everything the rebuild depends on, in one place; changing any of these changes model.pt.
+DEFAULTS = dict(steps=700, batch_size=8, lr=2e-3, warmup=50, seed=0, threads=2)
+
+
+# ---------------------------------------------------------------- data
+
+def documents() -> list[str]:
+    """The corpus as a list of docstrings, in the order load_corpus() joins them."""
+    # corpus.py exposes only the joined text; its per-file helper gives the boundaries back,
+    # so <|endoftext|> can go exactly between docstrings (a blank line also occurs inside one).
+    from .corpus import _docstrings, corpus_files
+    return [doc for path in corpus_files() for doc in _docstrings(path)]
+
+
+def encode_documents(docs: list[str], enc) -> torch.Tensor:
+    """Token ids of every docstring, each followed by <|endoftext|>, as one LongTensor."""
+    ids: list[int] = []
+    for doc, doc_ids in zip(docs, enc.encode_ordinary_batch(docs, num_threads=1)):
+        ids.extend(doc_ids)
+        ids.append(enc.eot_token)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def course_tokens(frac: float = 0.9, enc=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train, heldout) token ids of the course corpus with the course encoding.
+
+    The split is by whole docstrings at about frac of the characters, like corpus.split_corpus,
+    so no held-out docstring is seen in training.
+    """
+    if not 0.0 < frac < 1.0:
+        raise ValueError(f"frac must be between 0 and 1 (exclusive), got {frac}")
+    if enc is None:
+        from .tokenizer import get_encoding
+        enc = get_encoding("course")
+    docs = documents()
+    cut, seen, n_train = frac * sum(len(d) for d in docs), 0, 0
+    while n_train < len(docs) and seen < cut:
+        seen += len(docs[n_train])
+        n_train += 1
+    return encode_documents(docs[:n_train], enc), encode_documents(docs[n_train:], enc)
+
+
+def get_batch(tokens: torch.Tensor, batch_size: int, seq_len: int,
+              generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """batch_size random windows of seq_len tokens (x) and the same windows shifted by one (y)."""
+    starts = torch.randint(0, len(tokens) - seq_len, (batch_size,), generator=generator)
+    x = torch.stack([tokens[s:s + seq_len] for s in starts.tolist()])
+    y = torch.stack([tokens[s + 1:s + 1 + seq_len] for s in starts.tolist()])
+    return x, y
+
+
+# ---------------------------------------------------------------- losses
+
+def unigram_loss(train_tokens: torch.Tensor, heldout_tokens: torch.Tensor, vocab_size: int) -> float:
+    """Cross-entropy (nats/token) of heldout under train-set token frequencies: the no-context baseline.
+
+    Add-one smoothing gives tokens never seen in training a small, finite probability.
+    """
+    counts = torch.bincount(train_tokens, minlength=vocab_size).double() + 1.0
+    logp = (counts / counts.sum()).log()
+    return float(-logp[heldout_tokens].mean())
+
+
+@torch.no_grad()
+def heldout_loss(model: GPT, tokens: torch.Tensor, seq_len: int | None = None,
+                 batch_size: int = 16) -> float:
+    """Mean next-token cross-entropy (nats/token) over tokens, cut into non-overlapping windows."""
+    seq_len = seq_len or model.config.context_length
+    n = (len(tokens) - 1) // seq_len
+    if n < 1:
+        raise ValueError(f"need more than {seq_len} tokens to measure a loss, got {len(tokens)}; "
+                         "pass a longer slice or a smaller seq_len")
+    x = tokens[:n * seq_len].view(n, seq_len)
+    y = tokens[1:n * seq_len + 1].view(n, seq_len)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    total = 0.0
+    for i in range(0, n, batch_size):
+        xb, yb = x[i:i + batch_size].to(device), y[i:i + batch_size].to(device)
+        logits = model(xb, check=False)
+        total += float(F.cross_entropy(logits.flatten(0, 1).float(), yb.flatten(), reduction="sum"))
+    model.train(was_training)
+    return total / (n * seq_len)
+
+
+# ---------------------------------------------------------------- training
+
+def lr_at(step: int, steps: int, lr: float, warmup: int, min_frac: float = 0.1) -> float:
+    """Linear warm-up for `warmup` steps, then a cosine decay from lr to min_frac * lr."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    t = (step - warmup) / max(1, steps - warmup)
+    return lr * (min_frac + (1 - min_frac) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def train(config: GPTConfig, steps: int, batch_size: int, tokens: torch.Tensor | None = None, *,
+          seq_len: int | None = None, lr: float = 2e-3, warmup: int | None = None,
+          weight_decay: float = 0.1, seed: int = 0, device: str | torch.device = "cpu",
+          progress: Callable[[int, float], None] | None = None,
+          show_progress: bool = True) -> tuple[GPT, list[float]]:
+    """Train a fresh GPT(config) for `steps` AdamW steps on random windows of `tokens`.
+
+    Deterministic: the weights come from `seed`, the batches from a torch.Generator seeded with
+    `seed`, and nothing else is random (no dropout), so the same call on the same machine and
+    thread count gives bitwise-identical weights. The global RNG is left as it was.
+    tokens defaults to the course's training split. progress(step, loss) is called after every
+    step (e.g. to update a live plot). Returns the model (in eval mode) and the loss of each step.
+    """
+    for name, value in (("steps", steps), ("batch_size", batch_size)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if tokens is None:
+        tokens, _ = course_tokens()
+    seq_len = seq_len or config.context_length
+    if seq_len > config.context_length:
+        raise ValueError(f"seq_len={seq_len} exceeds the model's context_length={config.context_length}")
+    if len(tokens) <= seq_len + 1:
+        raise ValueError(f"need more than {seq_len + 1} training tokens for windows of {seq_len}, "
+                         f"got {len(tokens)}; pass more tokens or a smaller seq_len")
+    if int(tokens.max()) >= config.vocab_size:
+        raise ValueError(f"token id {int(tokens.max())} is outside vocab_size={config.vocab_size}; "
+                         "train with the encoding that matches the config")
+    warmup = max(1, steps // 20) if warmup is None else warmup
+
+    with torch.random.fork_rng(devices=[]):   # seed the init without touching the caller's RNG
+        torch.manual_seed(seed)
+        model = GPT(config).to(device)
+    generator = torch.Generator().manual_seed(seed)
+    # Weight decay on matrices only; biases, LayerNorm gains and position tables stay undecayed.
+    params = {id(p): p for p in model.parameters()}.values()
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=lr, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+    losses: list[float] = []
+    model.train()
+    steps_iter = range(steps)
+    if show_progress:
+        from .progress import progress as bar
+        steps_iter = bar(steps_iter, desc="training")
+    for step in steps_iter:
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, steps, lr, warmup)
+        x, y = get_batch(tokens, batch_size, seq_len, generator)
+        x, y = x.to(device), y.to(device)
+        logits = model(x, check=False)
+        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        if progress is not None:
+            progress(step, losses[-1])
+    return model.eval(), losses
+
+
+def round_to_bf16(model: GPT) -> GPT:
+    """Round every weight to bf16 and back: what the bf16 checkpoint file holds, so the metrics
+    measured afterwards are the metrics of the model a lesson loads."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    return model
+
+
+def save_tiny(model: GPT, out_dir: Path, metrics: dict) -> Path:
+    """config.json, model.pt (bf16 state_dict: half the bytes; load_checkpoint upcasts to fp32), metrics.json."""
+    save_checkpoint(model, out_dir)
+    state, cast = {}, {}
+    for k, v in model.state_dict().items():
+        if v.is_floating_point():
+            # Cast a tied tensor once, so the file keeps storing it once.
+            v = cast.setdefault(v.data_ptr(), v.to(torch.bfloat16))
+        state[k] = v
+    torch.save(state, out_dir / "model.pt")
+    metrics = {**metrics, "model_sha256": sha256(out_dir / "model.pt")}
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    return out_dir
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+# ---------------------------------------------------------------- command line
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--steps", type=int, default=DEFAULTS["steps"])
+    p.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"])
+    p.add_argument("--lr", type=float, default=DEFAULTS["lr"])
+    p.add_argument("--warmup", type=int, default=DEFAULTS["warmup"])
+    p.add_argument("--seed", type=int, default=DEFAULTS["seed"])
+    p.add_argument("--threads", type=int, default=DEFAULTS["threads"],
+                   help="CPU threads; bitwise reproducibility needs the same count")
+    p.add_argument("--out", type=Path, default=TINY_DIR)
+    args = p.parse_args(argv)
+
+    from .generate import generate
+    from .tokenizer import get_encoding
+
+    torch.set_num_threads(args.threads)
+    enc = get_encoding("course")
+    config = GPTConfig.preset("tiny")
+    if config.vocab_size != enc.n_vocab:
+        raise ValueError(f"preset 'tiny' has vocab_size={config.vocab_size} but the course encoding "
+                         f"has {enc.n_vocab}; keep labutils/presets.py in sync")
+    train_ids, heldout_ids = course_tokens(enc=enc)
+    print(f"corpus: {len(train_ids):,} train tokens, {len(heldout_ids):,} held-out tokens")
+    print(f"model: {config.num_params():,} parameters; {args.steps} steps x {args.batch_size} x "
+          f"{config.context_length} tokens ({args.steps * args.batch_size * config.context_length / len(train_ids):.1f} epochs)")
+
+    t0 = time.perf_counter()
+
+    def report(step, loss):
+        if (step + 1) % 50 == 0 or step == 0:
+            print(f"step {step + 1:5d}/{args.steps}  loss {loss:.3f}  {time.perf_counter() - t0:6.0f} s", flush=True)
+
+    model, losses = train(config, args.steps, args.batch_size, train_ids, lr=args.lr, warmup=args.warmup,
+                          seed=args.seed, progress=report, show_progress=False)
+    train_time_s = time.perf_counter() - t0
+    round_to_bf16(model)
+    held = heldout_loss(model, heldout_ids)
+    uni = unigram_loss(train_ids, heldout_ids, config.vocab_size)
+    prompt = "Return the"
+    ids = enc.encode_ordinary(prompt)
+    greedy = enc.decode(generate(model, ids, 40).tokens[0].tolist())
+    sampled = enc.decode(generate(model, ids, 60, temperature=0.8, top_k=40, seed=0).tokens[0].tolist())
+    metrics = dict(steps=args.steps, batch_size=args.batch_size, seq_len=config.context_length, lr=args.lr,
+                   warmup=args.warmup, seed=args.seed, threads=args.threads, n_params=config.num_params(),
+                   train_tokens=len(train_ids), heldout_tokens=len(heldout_ids),
+                   final_train_loss=round(sum(losses[-50:]) / len(losses[-50:]), 4),
+                   heldout_loss=round(held, 4), unigram_loss=round(uni, 4),
+                   train_time_s=round(train_time_s, 1), torch_version=torch.__version__,
+                   sample_prompt=prompt, sample_greedy=prompt + greedy,
+                   sample_t08_top40_seed0=prompt + sampled)
+    save_tiny(model, args.out, metrics)
+    metrics = json.loads((args.out / "metrics.json").read_text())
+    # A round trip through the files must give the model that was measured.
+    reloaded = heldout_loss(load_checkpoint(args.out), heldout_ids)
+    if abs(reloaded - held) > 1e-4:
+        raise RuntimeError(f"the saved checkpoint measures {reloaded:.4f}, not {held:.4f}")
+    print(f"trained in {train_time_s:.0f} s; held-out loss {held:.3f} nats/token "
+          f"(unigram baseline {uni:.3f})")
+    print(f"greedy : {prompt + greedy!r}")
+    print(f"sampled: {prompt + sampled!r}")
+    print(f"wrote {args.out} (model.pt sha256 {metrics['model_sha256'][:16]}...)")
+    return metrics
+
+
+if __name__ == "__main__":
+    main()
