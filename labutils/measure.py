@@ -9,7 +9,7 @@ import torch
 
 from . import roofline
 from .generate import generate
-from .hardware import free_memory_bytes, measured_peaks, pick_device
+from .hardware import default_dtype, free_memory_bytes, measured_peaks, pick_device
 from .kvcache import kv_cache_bytes
 from .model import GPT, GPTConfig
 from .presets import PRESETS
@@ -20,7 +20,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # so the bigger shapes are offered only on a GPU.
 CPU_PRESETS = ("tiny", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")
 
-_MODELS: "OrderedDict[tuple[str, str, str], GPT]" = OrderedDict()
+_MODELS: "OrderedDict[tuple[str, str, str, int | None], GPT]" = OrderedDict()
 MAX_CACHED_MODELS = 2        # models are large; keep the two most recently used
 
 
@@ -40,16 +40,22 @@ def dtype_choices(device) -> list[str]:
     """Weight dtypes worth offering on `device`. CPUs run bf16/fp16 too, often slower than fp32."""
     kind = torch.device(device).type
     if kind == "cuda":
-        return ["fp32", "bf16", "fp16"] if torch.cuda.is_bf16_supported(including_emulation=False) else ["fp32", "fp16"]
+        bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
+        return ["fp32", "bf16", "fp16"] if bf16 else ["fp32", "fp16"]
     if kind == "mps":
         return ["fp32", "fp16"]
     return ["fp32", "bf16", "fp16"]
 
 
+def default_dtype_name(device) -> str:
+    """The dtype name models run in on `device` (hardware.default_dtype): "fp32" on a CPU, "bf16" on a recent GPU."""
+    return {v: k for k, v in DTYPES.items()}[default_dtype(device)]
+
+
 def free_bytes(device) -> float:
     """Memory free for a new model on `device` (models this module caches count as free: they can be evicted)."""
     device = torch.device(device)
-    cached = sum(_model_bytes(m) for (_, _, dev), m in _MODELS.items() if torch.device(dev).type == device.type)
+    cached = sum(_model_bytes(m) for (_, _, dev, _), m in _MODELS.items() if torch.device(dev).type == device.type)
     free = free_memory_bytes(device)
     if free is None:           # the platform does not say (some Apple GPUs): do not block, OOM is still caught
         return float("inf")
@@ -60,9 +66,17 @@ def _model_bytes(model: GPT) -> int:
     return sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
 
 
-def memory_needed(preset: str, prompt_len: int, new_tokens: int, batch: int = 1, dtype: str = "fp32") -> int:
+def model_config(preset: str, context_length: int | None = None) -> GPTConfig:
+    """The preset's shape; `context_length` gives the random-weight model a longer (or shorter) position table."""
+    if context_length is None:
+        return GPTConfig.preset(preset)
+    return GPTConfig.preset(preset, context_length=context_length)
+
+
+def memory_needed(preset: str, prompt_len: int, new_tokens: int, batch: int = 1, dtype: str = "fp32",
+                  context_length: int | None = None) -> int:
     """Rough peak bytes of one request: weights + KV cache + the prefill's largest activations."""
-    cfg = GPTConfig.preset(preset)
+    cfg = model_config(preset, context_length)
     elem = roofline.param_bytes(cfg, DTYPES[dtype]) // cfg.num_params()
     weights = cfg.num_params() * elem
     build = weights + (cfg.num_params() * 4 if elem != 4 else 0)    # weights are made in fp32, then cast
@@ -93,9 +107,9 @@ def preset_choices(device) -> tuple[list[str], list[str]]:
 
 
 def check_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 1, dtype: str = "fp32",
-                  device="cpu") -> None:
+                  device="cpu", context_length: int | None = None) -> None:
     """Raise a ValueError that names the problem and the way out, before anything is allocated."""
-    cfg = GPTConfig.preset(preset)      # unknown preset -> ValueError listing the names
+    cfg = model_config(preset, context_length)      # unknown preset -> ValueError listing the names
     for name, value in (("prompt_len", prompt_len), ("batch", batch)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
@@ -104,30 +118,33 @@ def check_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 1,
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {list(DTYPES)}")
     if dtype not in dtype_choices(device):
-        raise ValueError(f"{dtype} is not supported on {torch.device(device).type}; choose one of {dtype_choices(device)}")
+        raise ValueError(f"{dtype} is not supported on {torch.device(device).type}; "
+                         f"choose one of {dtype_choices(device)}")
     if prompt_len + new_tokens > cfg.context_length:
         raise ValueError(f"prompt ({prompt_len}) + output ({new_tokens}) = {prompt_len + new_tokens} tokens exceed "
-                         f"{preset}'s context length {cfg.context_length}; shorten one of them")
-    need, free = memory_needed(preset, prompt_len, new_tokens, batch, dtype), free_bytes(device)
+                         f"{preset}'s context length {cfg.context_length}; shorten one of them"
+                         + ("" if context_length else " (or pass context_length= for a longer position table)"))
+    need = memory_needed(preset, prompt_len, new_tokens, batch, dtype, context_length)
+    free = free_bytes(device)
     if need > 0.9 * free:
         raise ValueError(f"{preset} in {dtype} with batch {batch} and {prompt_len}+{new_tokens} tokens needs about "
                          f"{need / 1e9:.1f} GB, but only {free / 1e9:.1f} GB is free on {torch.device(device).type}; "
                          "choose a smaller preset, a 2-byte dtype, a smaller batch or fewer tokens")
 
 
-def get_model(preset: str, dtype: str = "fp32", device="cpu") -> GPT:
-    """A random-weight GPT of the preset's shape, built once per (preset, dtype, device) and cached."""
-    key = (preset, dtype, str(torch.device(device)))
+def get_model(preset: str, dtype: str = "fp32", device="cpu", context_length: int | None = None) -> GPT:
+    """A random-weight GPT of the preset's shape, built once per (preset, dtype, device, context) and cached."""
+    key = (preset, dtype, str(torch.device(device)), context_length)
     if key in _MODELS:
         _MODELS.move_to_end(key)
         return _MODELS[key]
     while len(_MODELS) >= MAX_CACHED_MODELS:
         clear_models(1)
-    need = memory_needed(preset, 1, 1, 1, dtype)
+    need = memory_needed(preset, 1, 1, 1, dtype, context_length)
     while _MODELS and need > 0.9 * (free_bytes(device) - sum(_model_bytes(m) for m in _MODELS.values())):
         clear_models(1)           # make room: drop the least recently used model
     with torch.device(device):    # on a GPU the random initialisation runs there, which is much faster
-        model = GPT(GPTConfig.preset(preset)).to(DTYPES[dtype]).eval()
+        model = GPT(model_config(preset, context_length)).to(DTYPES[dtype]).eval()
     # One short untimed request: the first call pays one-off costs (allocator, kernel selection).
     generate(model, torch.zeros(1, 4, dtype=torch.long), 2)
     _MODELS[key] = model
@@ -144,27 +161,30 @@ def clear_models(n: int | None = None) -> None:
 
 
 def measure_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 1, dtype: str = "fp32",
-                    device="cpu", *, repeats: int = 1, peaks=None, seed: int = 0) -> dict:
+                    device="cpu", *, repeats: int = 1, peaks=None, seed: int = 0,
+                    context_length: int | None = None) -> dict:
     """Run one real request (random prompt ids, greedy decode) and return its metrics as a plain row.
 
     With repeats > 1 the request runs that many times; TTFT and TPOT are medians and the timestamps
     come from the run with the median latency. `peaks` (hardware.measured_peaks) defaults to this
-    device's measured bandwidth and FLOP/s, for MBU and MFU.
+    device's measured bandwidth and FLOP/s, for MBU and MFU. `context_length` overrides the preset's
+    position table (GPT-2's 1,024 positions cannot hold 1,000 + 200 tokens).
     """
     device = torch.device(device)
-    check_request(preset, prompt_len, new_tokens, batch, dtype, device)
+    check_request(preset, prompt_len, new_tokens, batch, dtype, device, context_length)
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     try:
-        model = get_model(preset, dtype, device)
+        model = get_model(preset, dtype, device, context_length)
         g = torch.Generator().manual_seed(seed)
         ids = torch.randint(0, model.config.vocab_size, (batch, prompt_len), generator=g)
         generate(model, ids[:, :min(prompt_len, 16)], 2)            # warm this batch size up, untimed
         runs = [generate(model, ids, new_tokens) for _ in range(repeats)]
     except torch.cuda.OutOfMemoryError:
         clear_models()
-        raise RuntimeError(f"CUDA ran out of memory for {preset} in {dtype}, batch {batch}, {prompt_len}+{new_tokens} "
-                           "tokens; the cached models were freed. Choose a smaller setting") from None
+        raise RuntimeError(f"CUDA ran out of memory for {preset} in {dtype}, batch {batch}, "
+                           f"{prompt_len}+{new_tokens} tokens; the cached models were freed. "
+                           "Choose a smaller setting") from None
     peaks = measured_peaks(device, DTYPES[dtype]) if peaks is None else peaks
     cfg = model.config
     ttft = statistics.median(r.ttft_s for r in runs)
@@ -173,8 +193,8 @@ def measure_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 
     pos = prompt_len + new_tokens // 2          # keys a decode step reads, averaged over the steps
     step_bytes = roofline.decode_bytes(cfg, pos, batch, DTYPES[dtype])
     return dict(
-        preset=preset, device=str(device), device_name=peaks.device_name, dtype=dtype, batch=batch,
-        prompt_len=prompt_len, new_tokens=new_tokens,
+        preset=preset, dtype=dtype, device=str(device), device_name=peaks.device_name, batch=batch,
+        prompt_len=prompt_len, new_tokens=new_tokens, context_length=cfg.context_length,
         ttft_s=ttft, tpot_s=tpot, latency_s=typical.latency_s, timestamps=list(typical.timestamps),
         throughput_tok_s=batch * new_tokens / typical.latency_s,     # output tokens/s over the request
         decode_tok_s=batch / tpot,
@@ -188,5 +208,5 @@ def measure_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 
     )
 
 
-__all__ = ["DTYPES", "available_devices", "check_request", "clear_models", "dtype_choices", "free_bytes",
-           "get_model", "measure_request", "memory_needed", "preset_choices"]
+__all__ = ["DTYPES", "available_devices", "check_request", "clear_models", "default_dtype_name", "dtype_choices",
+           "free_bytes", "get_model", "measure_request", "memory_needed", "model_config", "preset_choices"]

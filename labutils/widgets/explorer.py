@@ -10,12 +10,11 @@ import torch
 
 from .. import measure
 from .. import request_figures as rf
-from ..hardware import default_dtype, measured_peaks, pick_device
+from ..hardware import measured_peaks, pick_device
 from ..model import GPTConfig
 
 MAX_PROMPT = 4096                 # longer prompts take minutes on a CPU; the slider stops here
 BATCHES = (1, 2, 4, 8, 16, 32)
-_TORCH_TO_NAME = {v: k for k, v in measure.DTYPES.items()}
 
 
 class Explorer(w.VBox):
@@ -40,7 +39,7 @@ class Explorer(w.VBox):
             preset = "gpt2-small" if "gpt2-small" in presets else presets[0]
         if preset not in presets:
             raise ValueError(f"preset {preset!r} is not offered on {device}; choose one of {presets}")
-        dtype = dtype or _TORCH_TO_NAME.get(default_dtype(device), "fp32")
+        dtype = dtype or measure.default_dtype_name(device)
         style = {"description_width": "110px"}
         wide = w.Layout(width="360px")
         self.device = w.Dropdown(options=measure.available_devices(), value=torch.device(device).type,
@@ -61,8 +60,10 @@ class Explorer(w.VBox):
         self.fig_timeline = go.FigureWidget(rf.timeline_figure())
         self.fig_sweep = go.FigureWidget(rf.sweep_figure())
         self.fig_util = go.FigureWidget(rf.utilization_figure())
+        # Fixed widths keep the two lower plots side by side in a JupyterLab notebook column.
+        self.fig_timeline.layout.width = 900
         for fig in (self.fig_sweep, self.fig_util):
-            fig.layout.width = 520
+            fig.layout.width = 450
         for control in (self.device, self.preset, self.dtype, self.batch, self.prompt_len, self.new_tokens):
             control.observe(self._changed, names="value")
         super().__init__([
@@ -111,7 +112,7 @@ class Explorer(w.VBox):
             self.preset.value = presets[0]
         dtypes = measure.dtype_choices(device)
         self.dtype.options = dtypes
-        self.dtype.value = _TORCH_TO_NAME.get(default_dtype(device), dtypes[0])
+        self.dtype.value = measure.default_dtype_name(device)
         self.notes.value = _notes_html(notes)
         self.prompt_len.max = self._prompt_max(self.preset.value)
 
