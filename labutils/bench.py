@@ -161,16 +161,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny shapes: checks the machinery in seconds")
     p.add_argument("--device", default="cpu", help="cpu (where the targets were set), cuda or mps")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per side (median reported)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch (default: torch's choice); 1 is steadier on a busy machine")
     p.add_argument("--only", default=None, help="run only rows whose function name contains this")
     p.add_argument("--json", metavar="PATH", default=None, help="also write the table as JSON")
     args = p.parse_args(argv)
     if args.rounds < 1:
         p.error("--rounds must be >= 1")
+    if args.threads is not None:
+        if args.threads < 1:
+            p.error("--threads must be >= 1")
+        torch.set_num_threads(args.threads)
     from .hardware import pick_device
     settings = BenchSettings(device=pick_device(args.device), quick=args.quick, rounds=args.rounds)
     rows = [fn for fn in ROWS if args.only is None or args.only in fn.__name__]
     if not rows:
         p.error(f"no row matches --only {args.only!r}; rows: {[fn.__name__ for fn in ROWS]}")
+    print(f"device {settings.device}, torch {torch.__version__}, {torch.get_num_threads()} CPU threads"
+          f"{', quick shapes' if settings.quick else ''}")
     results = run(settings, rows)
     print()
     print(format_table(results))
