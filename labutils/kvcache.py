@@ -1,9 +1,11 @@
 """The static KV cache, and the calculator for how many bytes a cache takes."""
 from __future__ import annotations
 
+import numbers
+
 import torch
 
-from .presets import PRESETS, ModelShape, get_shape
+from .presets import PRESETS, get_shape
 
 # Bytes per element for the cache dtypes the calculator offers. fp8 and int8 caches store one byte.
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
@@ -28,7 +30,7 @@ def _shape(config_or_preset):
 
 def _check_count(name: str, value, minimum: int) -> None:
     # bool is an int subclass; True tokens is a typo, not 1.
-    if not isinstance(value, int) or isinstance(value, bool):
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):   # numpy ints are fine
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")

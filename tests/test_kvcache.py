@@ -182,3 +182,8 @@ def test_bad_construction():
     with pytest.raises(ValueError, match="batch_size"):
         KVCache(cfg, 0, 4)
     assert KVCache(cfg).max_len == 16 and "KVCache(n_layer=2" in repr(KVCache(cfg))
+
+
+def test_numpy_integers_are_accepted():
+    np = pytest.importorskip("numpy")
+    assert kv_cache_bytes("tiny", np.int64(5), np.int32(2)) == kv_cache_bytes("tiny", 5, 2)

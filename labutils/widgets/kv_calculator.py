@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import html
+import numbers
 
 import ipywidgets as w
 import plotly.graph_objects as go
@@ -17,12 +18,12 @@ MAX_CONTEXT = max(s.context_length for s in PRESETS.values())
 def kv_summary(preset: str, context: int, batch: int = 1, dtype: str = "fp16", weight_dtype: str = "fp16") -> dict:
     """Everything the calculator shows, as plain numbers; raises ValueError for impossible settings."""
     shape = get_shape(preset)
-    if isinstance(context, bool) or not isinstance(context, int) or context < 1:
+    if isinstance(context, bool) or not isinstance(context, numbers.Integral) or context < 1:
         raise ValueError(f"context must be a whole number of tokens >= 1, got {context!r}")
     if context > shape.context_length:
         raise ValueError(f"{preset} reads at most {shape.context_length:,} tokens of context, not {context:,}; "
                          f"lower the context, or pick a model with a longer context")
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+    if isinstance(batch, bool) or not isinstance(batch, numbers.Integral) or batch < 1:
         raise ValueError(f"batch must be a whole number of sequences >= 1, got {batch!r}")
     per_token = kv_bytes_per_token(shape, dtype)
     cache, weights = per_token * context * batch, weight_bytes(shape, weight_dtype)
