@@ -134,6 +134,7 @@ def test_explorer_measures_redraws_and_reuses_cached_settings():
     ex.prompt_len.value = 32                             # measured before: redrawn from the cache
     assert counting.calls == 4 and len(ex.fig_timeline.data[2].x) == 8
     assert "TTFT" in ex.status.value and ex.progress.bar_style == "success"
+    assert "GB free on cpu" in ex.notes.value and "7B+ shapes: GPU only" in ex.notes.value
     assert ex.fig_util.data[0].y[0] > 0
 
 

@@ -56,7 +56,7 @@ class Explorer(w.VBox):
                                       continuous_update=False, style=style, layout=wide)
         self.progress = w.IntProgress(value=0, min=0, max=4, bar_style="info", layout=w.Layout(width="160px"))
         self.status = w.HTML()
-        self.notes = w.HTML(_notes_html(notes))
+        self.notes = w.HTML(_notes_html(device, notes))
         self.fig_timeline = go.FigureWidget(rf.timeline_figure())
         self.fig_sweep = go.FigureWidget(rf.sweep_figure())
         self.fig_util = go.FigureWidget(rf.utilization_figure())
@@ -113,7 +113,7 @@ class Explorer(w.VBox):
         dtypes = measure.dtype_choices(device)
         self.dtype.options = dtypes
         self.dtype.value = measure.default_dtype_name(device)
-        self.notes.value = _notes_html(notes)
+        self.notes.value = _notes_html(device, notes)
         self.prompt_len.max = self._prompt_max(self.preset.value)
 
     # -- measuring --------------------------------------------------------------------------------
@@ -165,10 +165,12 @@ class Explorer(w.VBox):
                              f"{100 * row['mfu_prefill']:.1f}%")
 
 
-def _notes_html(notes: list[str]) -> str:
-    if not notes:
-        return ""
-    return "<small>Not offered here: " + "; ".join(html.escape(n) for n in notes) + "</small>"
+def _notes_html(device: str, notes: list[str]) -> str:
+    free = measure.free_bytes(device)
+    text = f"{free / 1e9:.1f} GB free on {torch.device(device).type}" if free != float("inf") else ""
+    if notes:
+        text += ("; " if text else "") + "not offered here: " + "; ".join(notes)
+    return f"<small>{html.escape(text)}</small>"
 
 
 def explorer(device=None, **settings) -> Explorer:
