@@ -147,13 +147,17 @@ def test_explorer_renders_and_a_slider_move_redraws(tmp_path):
         browser.close()
 
 
-def screenshot(out: Path, notebook: str = "notebooks/05_prefill_decode.ipynb") -> None:
+def screenshot(out: Path, notebook: Path = ROOT / "notebooks" / "05_prefill_decode.ipynb") -> None:
     """Run lesson 05 in a real browser, move the prompt slider, and save the explorer as a PNG."""
     from playwright.sync_api import sync_playwright
-    with jupyter_lab(ROOT) as (url, token), sync_playwright() as p:
+    # Serve a copy: JupyterLab autosaves, and the stored lesson must keep its nbval outputs.
+    root = Path(tempfile.mkdtemp(prefix="lesson-"))
+    shutil.copy(notebook, root / notebook.name)
+    with jupyter_lab(root) as (url, token), sync_playwright() as p:
         browser = _launch(p)
-        page = browser.new_page(viewport={"width": 1280, "height": 1000})
-        run_all(page, url, token, notebook, timeout_s=600)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        run_all(page, url, token, notebook.name, timeout_s=600)
+        page.keyboard.press("Control+B")                          # hide the file browser: more room
         move_prompt_slider(page, timeout_s=300)                   # keyboard on the handle: 128 -> 136
         for n in (384, 640):                                      # a few more points for the sweep plot
             type_prompt_length(page, n)

@@ -61,9 +61,9 @@ class Explorer(w.VBox):
         self.fig_sweep = go.FigureWidget(rf.sweep_figure())
         self.fig_util = go.FigureWidget(rf.utilization_figure())
         # Fixed widths keep the two lower plots side by side in a JupyterLab notebook column.
-        self.fig_timeline.layout.width = 900
+        self.fig_timeline.layout.width = 880
         for fig in (self.fig_sweep, self.fig_util):
-            fig.layout.width = 450
+            fig.layout.width = 440
         for control in (self.device, self.preset, self.dtype, self.batch, self.prompt_len, self.new_tokens):
             control.observe(self._changed, names="value")
         super().__init__([
