@@ -199,8 +199,8 @@ def measure_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 
         throughput_tok_s=batch * new_tokens / typical.latency_s,     # output tokens/s over the request
         decode_tok_s=batch / tpot,
         decode_pos=pos, decode_bytes=step_bytes, achieved_Bps=step_bytes / tpot,
-        prefill_flops=roofline.prefill_flops(cfg, prompt_len, batch),
-        achieved_flops=roofline.prefill_flops(cfg, prompt_len, batch) / ttft,
+        prefill_flops=roofline.prefill_flops(cfg, prompt_len, batch),             # attention included
+        achieved_flops=2 * cfg.num_params() * batch * prompt_len / ttft,          # MFU's numerator
         mbu=roofline.mbu(cfg, pos, batch, DTYPES[dtype], tpot, peaks.bandwidth_Bps),
         mfu_prefill=roofline.mfu(cfg, batch * prompt_len, ttft, peaks.flops),
         mfu_decode=roofline.mfu(cfg, batch, tpot, peaks.flops),

@@ -9,7 +9,7 @@ from plotly.subplots import make_subplots
 SEED_PROMPT_TOKENS, SEED_OUTPUT_TOKENS = 1000, 200
 SEED_PREFILL_MS, SEED_DECODE_MS = 400.0, 6000.0
 
-PREFILL_COLOR, DECODE_COLOR, SEED_COLOR = "#1f77b4", "#ff7f0e", "#9e9e9e"
+PREFILL_COLOR, DECODE_COLOR, SEED_COLOR, MEASURED_COLOR = "#1f77b4", "#ff7f0e", "#9e9e9e", "crimson"
 
 # Settings that must match for two rows to sit on the same TTFT/TPOT-vs-prompt-length curve.
 SWEEP_KEYS = ("preset", "new_tokens", "batch", "dtype", "device")
@@ -138,7 +138,7 @@ def seed_comparison_figure(row: dict) -> go.Figure:
         go.Bar(name="seed text (illustrative GPU)", x=labels, y=[SEED_PREFILL_MS, SEED_DECODE_MS],
                marker_color=SEED_COLOR, text=[f"{v:,.0f} ms" for v in (SEED_PREFILL_MS, SEED_DECODE_MS)]),
         go.Bar(name=f"this machine ({row['preset']}, {row['dtype']}, {row['device']})", x=labels, y=measured,
-               marker_color=[PREFILL_COLOR, DECODE_COLOR], text=[f"{v:,.0f} ms" for v in measured]),
+               marker_color=MEASURED_COLOR, text=[f"{v:,.0f} ms" for v in measured]),
     ])
     fig.update_layout(barmode="group", yaxis_title="time (ms)", height=380,
                       title="Where the time of one request goes")

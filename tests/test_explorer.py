@@ -36,6 +36,7 @@ def test_measure_request_returns_consistent_metrics():
     assert row["mbu"] == pytest.approx(row["decode_bytes"] / row["tpot_s"] / 10e9)
     params = measure.GPTConfig.preset("tiny").num_params()
     assert row["mfu_prefill"] == pytest.approx(2 * params * 2 * 16 / row["ttft_s"] / 100e9)
+    assert row["achieved_flops"] == pytest.approx(row["mfu_prefill"] * 100e9)
     assert row["throughput_tok_s"] == pytest.approx(2 * 6 / row["latency_s"])
     assert row["device_name"] == "test CPU"
 
