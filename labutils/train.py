@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import math
@@ -21,18 +22,19 @@ DEFAULTS = dict(steps=700, batch_size=8, lr=2e-3, warmup=50, seed=0, threads=2)
 
 # ---------------------------------------------------------------- data
 
-def documents() -> list[str]:
-    """The corpus as a list of docstrings, in the order load_corpus() joins them."""
+@functools.lru_cache(maxsize=1)
+def documents() -> tuple[str, ...]:
+    """The corpus as docstrings, in the order load_corpus() joins them (parsed once per process)."""
     # corpus.py exposes only the joined text; its per-file helper gives the boundaries back,
     # so <|endoftext|> can go exactly between docstrings (a blank line also occurs inside one).
     from .corpus import _docstrings, corpus_files
-    return [doc for path in corpus_files() for doc in _docstrings(path)]
+    return tuple(doc for path in corpus_files() for doc in _docstrings(path))
 
 
-def encode_documents(docs: list[str], enc) -> torch.Tensor:
+def encode_documents(docs, enc) -> torch.Tensor:
     """Token ids of every docstring, each followed by <|endoftext|>, as one LongTensor."""
     ids: list[int] = []
-    for doc, doc_ids in zip(docs, enc.encode_ordinary_batch(docs, num_threads=1)):
+    for doc_ids in enc.encode_ordinary_batch(list(docs), num_threads=1):
         ids.extend(doc_ids)
         ids.append(enc.eot_token)
     return torch.tensor(ids, dtype=torch.long)
