@@ -8,6 +8,7 @@ import os
 import torch
 
 from .kernels import ATTENTION_IMPLS
+from .hardware import is_oom
 from .kvcache import dtype_bytes
 from .progress import progress
 from .timing import synchronize, time_fn
@@ -111,11 +112,6 @@ def make_qkv(seq_len: int, n_head: int = 4, head_dim: int = 64, batch_size: int 
     return tuple(torch.randn(s, generator=g).to(device=device, dtype=dtype) for s in shapes)
 
 
-def _is_oom(err: BaseException) -> bool:
-    return isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" in str(err) \
-        or "out of memory" in str(err).lower()
-
-
 def measure_attention(seq_lens, *, n_head: int = 4, head_dim: int = 64, batch_size: int = 1, device="cpu",
                       dtype=torch.float32, impls=("naive", "sdpa"), warmup: int = 1, repeats: int = 3) -> list[dict]:
     """Time and peak memory of causal prefill attention for each sequence length and implementation.
@@ -140,7 +136,7 @@ def measure_attention(seq_lens, *, n_head: int = 4, head_dim: int = 64, batch_si
                 row["median_s"] = time_fn(lambda: fn(q, k, v), device=device, warmup=warmup, repeats=repeats).median_s
                 row["peak_bytes"], row["memory_source"] = peak_memory_bytes(lambda: fn(q, k, v), device)
             except (RuntimeError, MemoryError) as err:
-                if not _is_oom(err):
+                if not is_oom(err):
                     raise
                 row["error"] = "out of memory"   # the point of the lesson, not a crash
                 if device.type == "cuda":

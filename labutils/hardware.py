@@ -120,7 +120,8 @@ class MeasurementError(RuntimeError):
     """A probe did not fit in memory (or could not run); the message says how to shrink it."""
 
 
-def _is_oom(err: BaseException) -> bool:
+def is_oom(err: BaseException) -> bool:
+    """True for any device's out-of-memory error (CUDA, MPS, or a host allocation that failed)."""
     if isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError":
         return True
     text = str(err).lower()
@@ -141,7 +142,7 @@ def _guarded(fn: Callable[[], T], what: str, hint: str) -> T:
     try:
         return fn()
     except (MemoryError, RuntimeError) as err:
-        if not _is_oom(err):
+        if not is_oom(err):
             raise
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
     # Raised outside the except block on purpose: the old traceback (whose frames hold the
