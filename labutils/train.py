@@ -17,7 +17,7 @@ from .model import DATA_DIR, GPT, GPTConfig, load_checkpoint, save_checkpoint
 
 TINY_DIR = DATA_DIR / "tiny"
 # Everything the rebuild depends on, in one place; changing any of these changes model.pt.
-DEFAULTS = dict(steps=700, batch_size=8, lr=2e-3, warmup=50, seed=0, threads=2)
+DEFAULTS = dict(steps=1600, batch_size=8, lr=2e-3, warmup=50, seed=0, threads=2)
 
 
 # ---------------------------------------------------------------- data
