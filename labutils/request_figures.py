@@ -73,8 +73,7 @@ def sweep_points(rows: list[dict], like: dict) -> dict:
 
 def sweep_figure(rows: list[dict] | None = None, like: dict | None = None) -> go.Figure:
     """Traces: 0 TTFT (left panel), 1 TPOT (right panel), both against prompt length."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("TTFT (prefill) vs prompt length",
-                                                        "TPOT (decode) vs prompt length"))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("prefill: TTFT", "decode: TPOT"))
     fig.add_trace(go.Scatter(name="TTFT", mode="lines+markers", x=[], y=[], marker_color=PREFILL_COLOR), 1, 1)
     fig.add_trace(go.Scatter(name="TPOT", mode="lines+markers", x=[], y=[], marker_color=DECODE_COLOR), 1, 2)
     fig.update_xaxes(title_text="prompt length (tokens)", rangemode="tozero")

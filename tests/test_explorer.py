@@ -136,6 +136,8 @@ def test_explorer_measures_redraws_and_reuses_cached_settings():
     assert counting.calls == 4 and len(ex.fig_timeline.data[2].x) == 8
     assert "TTFT" in ex.status.value and ex.progress.bar_style == "success"
     assert "GB free on cpu" in ex.notes.value and "7B+ shapes: GPU only" in ex.notes.value
+    ex.again.click()                                     # "measure again": a fresh row replaces the cached one
+    assert counting.calls == 5 and list(ex.fig_sweep.data[0].x) == [32, 64]
     assert ex.fig_util.data[0].y[0] > 0
 
 

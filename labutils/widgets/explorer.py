@@ -54,6 +54,9 @@ class Explorer(w.VBox):
                                       layout=wide)
         self.new_tokens = w.IntSlider(value=new_tokens, min=2, max=256, step=2, description="output tokens",
                                       continuous_update=False, style=style, layout=wide)
+        self.again = w.Button(description="measure again", icon="refresh", layout=w.Layout(width="150px"),
+                              tooltip="forget the cached result of this setting and measure it again")
+        self.again.on_click(lambda _: self.remeasure())
         self.progress = w.IntProgress(value=0, min=0, max=4, bar_style="info", layout=w.Layout(width="160px"))
         self.status = w.HTML()
         self.notes = w.HTML(_notes_html(device, notes))
@@ -69,7 +72,7 @@ class Explorer(w.VBox):
         super().__init__([
             w.HBox([w.VBox([self.preset, self.prompt_len, self.new_tokens]),
                     w.VBox([self.batch, self.dtype, self.device])]),
-            w.HBox([self.progress, self.status]), self.notes,
+            w.HBox([self.again, self.progress, self.status]), self.notes,
             self.fig_timeline, w.HBox([self.fig_sweep, self.fig_util]),
         ])
         self.refresh()
@@ -138,6 +141,11 @@ class Explorer(w.VBox):
             return None
         self._draw(row, s)
         return row
+
+    def remeasure(self) -> dict | None:
+        """Measure the current setting again (timings on a busy machine vary); the new row replaces the old."""
+        self.results.pop(tuple(self.settings.values()), None)
+        return self.refresh()
 
     def _stage(self, step: int, text: str) -> None:
         self.progress.value, self.progress.bar_style = step, "info"
