@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup lab test bench train clean
+.PHONY: setup lab test notebooks bench train clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,15 @@ lab: setup
 test: setup
 	$(BIN)/python -m pytest tests notebooks --nbval --nbval-current-env \
 		--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600
+
+# Re-execute every lesson and store its outputs (after changing labutils). Widget state is not
+# stored: each plotly FigureWidget would otherwise embed all of plotly.js (about 5 MB) in the file.
+notebooks: setup
+	for nb in notebooks/*.ipynb; do \
+		$(BIN)/jupyter nbconvert --to notebook --execute --inplace \
+			--ExecutePreprocessor.kernel_name=prefill-decode-lab \
+			--ExecutePreprocessor.store_widget_state=False "$$nb" || exit 1; \
+	done
 
 bench: setup
 	$(BIN)/python -m labutils.bench
