@@ -57,18 +57,22 @@ def corpus_files(root: Path | None = None) -> list[Path]:
 
 
 @functools.lru_cache(maxsize=1)
-def load_corpus() -> str:
-    """The whole corpus as one string (about 1.5 MB); docstrings joined by a blank line.
+def load_docstrings() -> tuple[str, ...]:
+    """Every kept docstring, in file order (parsed once per process, a few seconds).
 
-    Built afresh from this Python's stdlib (a few seconds) and cached in memory. It is never
-    committed: the prose belongs to the Python project, and every machine already has it.
+    Built afresh from this Python's stdlib. It is never committed: the prose belongs to the
+    Python project, and every machine already has it.
     """
-    docs = []
-    for path in corpus_files():
-        docs.extend(_docstrings(path))
+    docs = tuple(doc for path in corpus_files() for doc in _docstrings(path))
     if not docs:
         raise RuntimeError(f"no docstrings found under {stdlib_dir()}; is the standard library source installed?")
-    return SEPARATOR.join(docs)
+    return docs
+
+
+@functools.lru_cache(maxsize=1)
+def load_corpus() -> str:
+    """The whole corpus as one string (about 1.4 MB); docstrings joined by a blank line."""
+    return SEPARATOR.join(load_docstrings())
 
 
 def split_corpus(text: str, frac: float = 0.9) -> tuple[str, str]:

@@ -28,7 +28,8 @@ def _shape(config_or_preset):
     return get_shape(config_or_preset) if isinstance(config_or_preset, str) else config_or_preset
 
 
-def _check_count(name: str, value, minimum: int) -> None:
+def check_count(name: str, value, minimum: int) -> None:
+    """Refuse a token count, length or batch that is not an integer >= minimum."""
     # bool is an int subclass; True tokens is a typo, not 1.
     if not isinstance(value, numbers.Integral) or isinstance(value, bool):   # numpy ints are fine
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
@@ -44,8 +45,8 @@ def kv_bytes_per_token(config_or_preset, dtype=torch.float16) -> int:
 
 def kv_cache_bytes(config_or_preset, seq_len: int, batch_size: int = 1, dtype=torch.float16) -> int:
     """2 (K and V) x layers x kv_heads x head_dim x bytes x seq_len x batch."""
-    _check_count("seq_len", seq_len, 0)
-    _check_count("batch_size", batch_size, 1)
+    check_count("seq_len", seq_len, 0)
+    check_count("batch_size", batch_size, 1)
     return kv_bytes_per_token(config_or_preset, dtype) * seq_len * batch_size
 
 
@@ -66,7 +67,7 @@ def tokens_where_cache_exceeds_weights(preset, batch_size: int = 1, dtype=torch.
     It can lie beyond the model's context length: then the cache never overtakes the weights for
     one request, and only a larger batch makes it.
     """
-    _check_count("batch_size", batch_size, 1)
+    check_count("batch_size", batch_size, 1)
     per_step = kv_bytes_per_token(preset, dtype) * batch_size
     return weight_bytes(preset, weight_dtype) // per_step + 1
 
@@ -83,7 +84,7 @@ class KVCache:
         max_len = config.context_length if max_len is None else max_len
         if not isinstance(max_len, int) or not 1 <= max_len <= config.context_length:
             raise ValueError(f"max_len={max_len} must be between 1 and the context length {config.context_length}")
-        _check_count("batch_size", batch_size, 1)
+        check_count("batch_size", batch_size, 1)
         shape = (config.n_layer, batch_size, config.n_kv_head, max_len, config.head_dim)
         # empty, not zeros: attention only ever reads positions < pos, which have been written.
         self.k = torch.empty(shape, device=device, dtype=dtype)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .kvcache import dtype_bytes, kv_cache_bytes
+from .kvcache import check_count, dtype_bytes, kv_cache_bytes
 from .presets import ModelShape
 
 # Conventions (one place, so every lesson counts the same way):
@@ -29,11 +29,7 @@ def _shape(config):
 
 def _check_counts(**counts):
     for name, value in counts.items():
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise TypeError(f"{name} must be an int, got {value!r}")
-    for name, value in counts.items():
-        if value < (0 if name == "pos" else 1):
-            raise ValueError(f"{name} must be >= {0 if name == 'pos' else 1}, got {value}")
+        check_count(name, value, 0 if name == "pos" else 1)
 
 
 def _check_positive(**values):

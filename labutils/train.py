@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import hashlib
 import json
 import math
@@ -13,6 +12,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from .corpus import load_docstrings
 from .model import DATA_DIR, GPT, GPTConfig, load_checkpoint, save_checkpoint
 
 TINY_DIR = DATA_DIR / "tiny"
@@ -21,15 +21,6 @@ DEFAULTS = dict(steps=1600, batch_size=8, lr=2e-3, warmup=50, seed=0, threads=2)
 
 
 # ---------------------------------------------------------------- data
-
-@functools.lru_cache(maxsize=1)
-def documents() -> tuple[str, ...]:
-    """The corpus as docstrings, in the order load_corpus() joins them (parsed once per process)."""
-    # corpus.py exposes only the joined text; its per-file helper gives the boundaries back,
-    # so <|endoftext|> can go exactly between docstrings (a blank line also occurs inside one).
-    from .corpus import _docstrings, corpus_files
-    return tuple(doc for path in corpus_files() for doc in _docstrings(path))
-
 
 def encode_documents(docs, enc) -> torch.Tensor:
     """Token ids of every docstring, each followed by <|endoftext|>, as one LongTensor."""
@@ -51,7 +42,7 @@ def course_tokens(frac: float = 0.9, enc=None) -> tuple[torch.Tensor, torch.Tens
     if enc is None:
         from .tokenizer import get_encoding
         enc = get_encoding("course")
-    docs = documents()
+    docs = load_docstrings()
     cut, seen, n_train = frac * sum(len(d) for d in docs), 0, 0
     while n_train < len(docs) and seen < cut:
         seen += len(docs[n_train])

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from labutils import train as tr
+from labutils.corpus import load_docstrings
 from labutils.model import DATA_DIR, GPT, GPTConfig, load_pretrained
 
 SMALL = GPTConfig(vocab_size=64, context_length=32, n_layer=1, n_head=2, n_embd=32)
@@ -95,7 +96,7 @@ def test_bad_arguments_get_clear_errors(kwargs, match):
 
 def test_course_tokens_end_every_docstring_with_endoftext(course_split):
     train_ids, held_ids = course_split
-    docs = tr.documents()
+    docs = load_docstrings()
     eot = 4095
     assert int((train_ids == eot).sum()) + int((held_ids == eot).sum()) == len(docs)
     assert train_ids[-1] == eot and held_ids[-1] == eot
