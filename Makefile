@@ -18,8 +18,11 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# Containers and cloud images often run as root, which Jupyter refuses unless told.
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab: setup
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab $(ALLOW_ROOT) notebooks/
 
 # One pytest run: unit tests, then nbval re-executes every lesson and compares its stored outputs.
 test: setup
