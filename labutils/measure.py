@@ -9,7 +9,7 @@ import torch
 
 from . import roofline
 from .generate import generate
-from .hardware import default_dtype, free_memory_bytes, measured_peaks, pick_device
+from .hardware import default_dtype, free_memory_bytes, is_oom, measured_peaks, pick_device
 from .kvcache import kv_cache_bytes
 from .model import GPT, GPTConfig
 from .presets import PRESETS
@@ -180,9 +180,11 @@ def measure_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 
         ids = torch.randint(0, model.config.vocab_size, (batch, prompt_len), generator=g)
         generate(model, ids[:, :min(prompt_len, 16)], 2)            # warm this batch size up, untimed
         runs = [generate(model, ids, new_tokens) for _ in range(repeats)]
-    except torch.cuda.OutOfMemoryError:
+    except (RuntimeError, MemoryError) as err:    # torch.OutOfMemoryError is a RuntimeError
+        if not is_oom(err):
+            raise
         clear_models()
-        raise RuntimeError(f"CUDA ran out of memory for {preset} in {dtype}, batch {batch}, "
+        raise RuntimeError(f"{device.type} ran out of memory for {preset} in {dtype}, batch {batch}, "
                            f"{prompt_len}+{new_tokens} tokens; the cached models were freed. "
                            "Choose a smaller setting") from None
     peaks = measured_peaks(device, DTYPES[dtype]) if peaks is None else peaks

@@ -66,6 +66,22 @@ def test_a_request_that_does_not_fit_memory_says_how_to_shrink_it(monkeypatch):
         measure.check_request("gpt2-xl", 128, 32, 1, "fp32", "cpu")
 
 
+def test_out_of_memory_during_a_request_frees_models_and_says_what_to_do(monkeypatch):
+    measure.get_model("tiny", "fp32", "cpu")
+    def oom(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    monkeypatch.setattr(measure, "generate", oom)
+    with pytest.raises(RuntimeError, match="ran out of memory.*cached models were freed.*smaller setting"):
+        measure.measure_request("tiny", 16, 4)
+    assert not measure._MODELS
+
+
+def test_other_runtime_errors_are_not_reported_as_out_of_memory(monkeypatch):
+    monkeypatch.setattr(measure, "generate", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("shape mismatch")))
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        measure.measure_request("tiny", 16, 4)
+
+
 def test_preset_choices_leave_out_what_does_not_fit(monkeypatch):
     monkeypatch.setattr(measure, "free_bytes", lambda device: 1e9)      # room for gpt2-small in fp32 only
     offered, notes = measure.preset_choices("cpu")
