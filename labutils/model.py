@@ -159,8 +159,8 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def num_params(self) -> int:
-        """Unique parameters (a tied embedding counts once)."""
-        return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
+        """Unique parameters: parameters() yields a tied tensor once, so the shared embedding counts once."""
+        return sum(p.numel() for p in self.parameters())
 
     def set_attention(self, impl: str) -> "GPT":
         """Switch every layer between "naive" and "sdpa" attention."""

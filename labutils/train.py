@@ -138,7 +138,7 @@ def train(config: GPTConfig, steps: int, batch_size: int, tokens: torch.Tensor |
         model = GPT(config).to(device)
     generator = torch.Generator().manual_seed(seed)
     # Weight decay on matrices only; biases, LayerNorm gains and position tables stay undecayed.
-    params = {id(p): p for p in model.parameters()}.values()
+    params = list(model.parameters())   # the tied embedding / output matrix comes once
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
