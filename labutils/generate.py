@@ -57,7 +57,7 @@ def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = N
 
 def prefill(model, ids: torch.Tensor, cache: KVCache, **sampling) -> torch.Tensor:
     """One forward pass over the whole prompt [batch, T]: writes T cache entries, returns token [batch]."""
-    logits = model(ids, cache)
+    logits = model(ids, cache, last_only=True)
     return sample(logits[:, -1], **sampling)
 
 
@@ -68,7 +68,7 @@ def decode_step(model, token: torch.Tensor, cache: KVCache, **sampling) -> torch
         raise ValueError("decode_step takes the newest token of each sequence as a 1-D tensor [batch], got "
                          f"{tuple(token.shape) if isinstance(token, torch.Tensor) else type(token).__name__}")
     cache.check_fits(token.shape[0], 1)
-    logits = model(token[:, None], cache, check=False)
+    logits = model(token[:, None], cache, check=False, last_only=True)
     return sample(logits[:, -1], **sampling)
 
 
@@ -158,7 +158,7 @@ def generate(model, ids, max_new_tokens: int, *, use_cache: bool = True, tempera
     else:
         seq = ids
         for _ in range(max_new_tokens):
-            tok = sample(model(seq, check=False)[:, -1], **sampling)
+            tok = sample(model(seq, check=False, last_only=True)[:, -1], **sampling)
             emit(tok)
             seq = torch.cat([seq, tok[:, None]], dim=1)
     return GenerationResult(torch.stack(tokens, dim=1), stamps, T)

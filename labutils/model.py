@@ -188,11 +188,14 @@ class GPT(nn.Module):
             raise ValueError(f"{start + ids.shape[1]} positions exceed the model's context length "
                              f"{self.config.context_length}; shorten the prompt or the output")
 
-    def forward(self, ids: torch.Tensor, cache=None, *, check: bool = True) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, cache=None, *, check: bool = True, last_only: bool = False) -> torch.Tensor:
         """ids [batch, seq] -> logits [batch, seq, vocab]. With a cache, ids continue from cache.pos.
 
         `check=False` skips input validation (a host sync); decode_step feeds the model's own
-        argmax, which is always in range.
+        argmax, which is always in range. `last_only=True` returns logits for the last position
+        only ([batch, 1, vocab]): generation needs nothing else, and for a long prompt the output
+        layer over every position is a large share of prefill's FLOPs and a [T, vocab] tensor.
+        Training keeps every position.
         """
         start = cache.pos if cache is not None else 0
         if check:
@@ -206,6 +209,8 @@ class GPT(nn.Module):
             x = block(x, cache)
         if cache is not None:
             cache.advance(T)
+        if last_only:
+            x = x[:, -1:]
         return self.lm_head(self.ln_f(x))
 
 

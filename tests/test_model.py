@@ -90,6 +90,14 @@ def test_forward_shape(model):
     assert model(ids).shape == (3, 10, SMALL.vocab_size)
 
 
+def test_last_only_logits_are_the_last_row_of_the_full_logits(model):
+    ids = torch.randint(0, SMALL.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full, last = model(ids), model(ids, last_only=True)
+    assert last.shape == (2, 1, SMALL.vocab_size)
+    torch.testing.assert_close(last, full[:, -1:], rtol=1e-5, atol=1e-6)
+
+
 def test_gqa_and_gated_models_run():
     cfg = dataclasses.replace(SMALL, n_kv_head=1, gated_mlp=True, bias=False, tie_weights=False)
     out = GPT(cfg)(torch.zeros(2, 5, dtype=torch.long))
