@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup lab test notebooks bench train clean
+.PHONY: setup lab test notebooks bench train gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,17 @@ notebooks: setup
 
 bench: setup
 	$(BIN)/python -m labutils.bench
+
+# Everything that needs a CUDA GPU, in one short run (under 8 minutes on one GPU): the gpu-marked tests,
+# every bench row on cuda, and the GPU lessons re-executed by nbval on cuda.
+GPU_LESSONS := $(wildcard notebooks/05_*.ipynb notebooks/07_*.ipynb notebooks/08_*.ipynb)
+gpu-check: setup
+	@$(BIN)/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else \
+		'gpu-check needs a CUDA GPU, and torch.cuda.is_available() is False here')"
+	$(BIN)/python -m pytest -q -m gpu tests
+	$(BIN)/python -m labutils.bench --device cuda --json gpu-bench.json
+	$(BIN)/python -m pytest -q $(GPU_LESSONS) --nbval --nbval-current-env \
+		--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300
 
 train: setup
 	$(BIN)/python -m labutils.train

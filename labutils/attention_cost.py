@@ -9,7 +9,7 @@ import torch
 
 from .kernels import ATTENTION_IMPLS
 from .hardware import is_oom
-from .kvcache import dtype_bytes
+from .dtypes import dtype_bytes
 from .progress import progress
 from .timing import synchronize, time_fn
 

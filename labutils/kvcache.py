@@ -1,75 +1,12 @@
-"""The static KV cache, and the calculator for how many bytes a cache takes."""
-from __future__ import annotations
+"""The lesson-06 KV cache: preallocated keys and values, one position for the whole batch.
 
-import numbers
+Its byte counts live in labutils.roofline (kv_cache_bytes, kv_bytes_per_token).
+"""
+from __future__ import annotations
 
 import torch
 
-from .presets import PRESETS, get_shape
-
-# Bytes per element for the cache dtypes the calculator offers. fp8 and int8 caches store one byte.
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
-_TORCH_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int8: "int8"}
-for _name in ("float8_e4m3fn", "float8_e5m2"):
-    if hasattr(torch, _name):
-        _TORCH_NAMES[getattr(torch, _name)] = "fp8"
-
-
-def dtype_bytes(dtype) -> int:
-    """Bytes per element for a torch dtype or one of "fp32", "fp16", "bf16", "fp8", "int8"."""
-    name = _TORCH_NAMES.get(dtype, dtype)
-    if name not in DTYPE_BYTES:
-        raise ValueError(f"unknown cache dtype {dtype!r}; choose one of {list(DTYPE_BYTES)} or a torch dtype")
-    return DTYPE_BYTES[name]
-
-
-def _shape(config_or_preset):
-    """A preset name, a ModelShape or a GPTConfig: anything with n_layer, n_kv_head and head_dim."""
-    return get_shape(config_or_preset) if isinstance(config_or_preset, str) else config_or_preset
-
-
-def check_count(name: str, value, minimum: int) -> None:
-    """Refuse a token count, length or batch that is not an integer >= minimum."""
-    # bool is an int subclass; True tokens is a typo, not 1.
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool):   # numpy ints are fine
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-
-
-def kv_bytes_per_token(config_or_preset, dtype=torch.float16) -> int:
-    """Cache bytes one token adds to one sequence: 2 (K and V) x layers x kv_heads x head_dim x bytes."""
-    shape = _shape(config_or_preset)
-    return 2 * shape.n_layer * shape.n_kv_head * shape.head_dim * dtype_bytes(dtype)
-
-
-def kv_cache_bytes(config_or_preset, seq_len: int, batch_size: int = 1, dtype=torch.float16) -> int:
-    """2 (K and V) x layers x kv_heads x head_dim x bytes x seq_len x batch."""
-    check_count("seq_len", seq_len, 0)
-    check_count("batch_size", batch_size, 1)
-    return kv_bytes_per_token(config_or_preset, dtype) * seq_len * batch_size
-
-
-def weight_bytes(preset, dtype=torch.float16) -> int:
-    """Bytes of the parameters at `dtype`: what every decode step must read.
-
-    A preset uses its published parameter count; a GPTConfig counts its own.
-    """
-    shape = _shape(preset)
-    n_params = shape.n_params if hasattr(shape, "n_params") else shape.num_params()
-    return n_params * dtype_bytes(dtype)
-
-
-def tokens_where_cache_exceeds_weights(preset, batch_size: int = 1, dtype=torch.float16,
-                                       weight_dtype=torch.float16) -> int:
-    """The smallest context (tokens per sequence) at which the batch's cache holds more bytes than the weights.
-
-    It can lie beyond the model's context length: then the cache never overtakes the weights for
-    one request, and only a larger batch makes it.
-    """
-    check_count("batch_size", batch_size, 1)
-    per_step = kv_bytes_per_token(preset, dtype) * batch_size
-    return weight_bytes(preset, weight_dtype) // per_step + 1
+from .validate import check_count
 
 
 class KVCache:
@@ -94,7 +31,7 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of both buffers: kv_cache_bytes(config, max_len, batch_size, dtype)."""
+        """Bytes of both buffers: roofline.kv_cache_bytes(config, max_len, batch_size, dtype)."""
         return self.k.nbytes + self.v.nbytes
 
     @property
@@ -145,5 +82,4 @@ class KVCache:
         self.pos = 0
 
 
-__all__ = ["DTYPE_BYTES", "KVCache", "PRESETS", "dtype_bytes", "kv_bytes_per_token", "kv_cache_bytes",
-           "tokens_where_cache_exceeds_weights", "weight_bytes"]
+__all__ = ["KVCache"]

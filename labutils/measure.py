@@ -1,4 +1,4 @@
-"""Measure one real request (prefill + decode) on a random-weight model of a preset's shape."""
+"""Measure real passes on random-weight models of preset shapes: one request, or one prefill / decode pass."""
 from __future__ import annotations
 
 import gc
@@ -8,13 +8,13 @@ from collections import OrderedDict
 import torch
 
 from . import roofline
+from .dtypes import COMPUTE_DTYPES, dtype_name, torch_dtype
 from .generate import generate
 from .hardware import default_dtype, free_memory_bytes, is_oom, measured_peaks, pick_device
-from .kvcache import kv_cache_bytes
+from .kvcache import KVCache
+from .timing import time_fn
 from .model import GPT, GPTConfig
 from .presets import PRESETS
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 # On a CPU, building a multi-billion-parameter model means minutes of random initialisation,
 # so the bigger shapes are offered only on a GPU.
@@ -49,7 +49,7 @@ def dtype_choices(device) -> list[str]:
 
 def default_dtype_name(device) -> str:
     """The dtype name models run in on `device` (hardware.default_dtype): "fp32" on a CPU, "bf16" on a recent GPU."""
-    return {v: k for k, v in DTYPES.items()}[default_dtype(device)]
+    return dtype_name(default_dtype(device))
 
 
 def free_bytes(device) -> float:
@@ -77,12 +77,12 @@ def memory_needed(preset: str, prompt_len: int, new_tokens: int, batch: int = 1,
                   context_length: int | None = None) -> int:
     """Rough peak bytes of one request: weights + KV cache + the prefill's largest activations."""
     cfg = model_config(preset, context_length)
-    elem = roofline.param_bytes(cfg, DTYPES[dtype]) // cfg.num_params()
-    weights = cfg.num_params() * elem
-    build = weights + (cfg.num_params() * 4 if elem != 4 else 0)    # weights are made in fp32, then cast
-    kv = kv_cache_bytes(cfg, prompt_len + new_tokens, batch, DTYPES[dtype])
+    elem = torch_dtype(dtype).itemsize
+    weights = roofline.weight_bytes(cfg, dtype)
+    build = weights + (roofline.weight_bytes(cfg, "fp32") if elem != 4 else 0)   # made in fp32, then cast
+    kv = roofline.kv_cache_bytes(cfg, prompt_len + new_tokens, batch, dtype)
     tokens = batch * prompt_len
-    logits = tokens * cfg.vocab_size * elem                        # the model returns logits for every position
+    logits = batch * cfg.vocab_size * (elem + 4)        # the last position only (GPT.forward(last_only=True))
     scratch = tokens * (cfg.n_inner + 4 * cfg.n_embd) * elem * 2 + batch * cfg.n_head * prompt_len ** 2 * 4
     return max(build, weights + kv + logits + scratch)
 
@@ -115,8 +115,8 @@ def check_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 1,
             raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
     if not isinstance(new_tokens, int) or new_tokens < 2:
         raise ValueError(f"new_tokens must be >= 2 (TPOT needs at least two output tokens), got {new_tokens!r}")
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {list(DTYPES)}")
+    if dtype not in COMPUTE_DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {list(COMPUTE_DTYPES)}")
     if dtype not in dtype_choices(device):
         raise ValueError(f"{dtype} is not supported on {torch.device(device).type}; "
                          f"choose one of {dtype_choices(device)}")
@@ -144,7 +144,7 @@ def get_model(preset: str, dtype: str = "fp32", device="cpu", context_length: in
     while _MODELS and need > 0.9 * (free_bytes(device) - sum(_model_bytes(m) for m in _MODELS.values())):
         clear_models(1)           # make room: drop the least recently used model
     with torch.device(device):    # on a GPU the random initialisation runs there, which is much faster
-        model = GPT(model_config(preset, context_length)).to(DTYPES[dtype]).eval()
+        model = GPT(model_config(preset, context_length)).to(torch_dtype(dtype)).eval()
     # One short untimed request: the first call pays one-off costs (allocator, kernel selection).
     generate(model, torch.zeros(1, 4, dtype=torch.long), 2)
     _MODELS[key] = model
@@ -187,13 +187,15 @@ def measure_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 
         raise RuntimeError(f"{device.type} ran out of memory for {preset} in {dtype}, batch {batch}, "
                            f"{prompt_len}+{new_tokens} tokens; the cached models were freed. "
                            "Choose a smaller setting") from None
-    peaks = measured_peaks(device, DTYPES[dtype]) if peaks is None else peaks
+    peaks = measured_peaks(device, torch_dtype(dtype)) if peaks is None else peaks
     cfg = model.config
     ttft = statistics.median(r.ttft_s for r in runs)
     tpot = statistics.median(r.tpot_s for r in runs)
     typical = sorted(runs, key=lambda r: r.latency_s)[len(runs) // 2]
     pos = prompt_len + new_tokens // 2          # keys a decode step reads, averaged over the steps
-    step_bytes = roofline.decode_bytes(cfg, pos, batch, DTYPES[dtype])
+    step_bytes = roofline.decode_bytes(cfg, pos, batch, dtype)
+    prefill_flops = roofline.prefill_flops(cfg, prompt_len, batch)    # the one count: floors and MFU use it
+    decode_flops = roofline.decode_flops(cfg, pos, batch)
     return dict(
         preset=preset, dtype=dtype, device=str(device), device_name=peaks.device_name, batch=batch,
         prompt_len=prompt_len, new_tokens=new_tokens, context_length=cfg.context_length,
@@ -201,14 +203,60 @@ def measure_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 
         throughput_tok_s=batch * new_tokens / typical.latency_s,     # output tokens/s over the request
         decode_tok_s=batch / tpot,
         decode_pos=pos, decode_bytes=step_bytes, achieved_Bps=step_bytes / tpot,
-        prefill_flops=roofline.prefill_flops(cfg, prompt_len, batch),             # attention included
-        achieved_flops=2 * cfg.num_params() * batch * prompt_len / ttft,          # MFU's numerator
-        mbu=roofline.mbu(cfg, pos, batch, DTYPES[dtype], tpot, peaks.bandwidth_Bps),
-        mfu_prefill=roofline.mfu(cfg, batch * prompt_len, ttft, peaks.flops),
-        mfu_decode=roofline.mfu(cfg, batch, tpot, peaks.flops),
+        prefill_flops=prefill_flops, achieved_flops=prefill_flops / ttft,          # MFU's numerator
+        mbu=roofline.mbu(cfg, pos, batch, dtype, tpot, peaks.bandwidth_Bps),
+        mfu_prefill=roofline.mfu(prefill_flops, ttft, peaks.flops),
+        mfu_decode=roofline.mfu(decode_flops, tpot, peaks.flops),
         peak_bandwidth_Bps=peaks.bandwidth_Bps, peak_flops=peaks.flops,
     )
 
 
-__all__ = ["DTYPES", "available_devices", "check_request", "clear_models", "default_dtype_name", "dtype_choices",
+# ---- one pass at a time, for the roofline (lesson 07) ------------------------------------------------------------
+
+def time_pass(model: GPT, phase: str, n: int, *, pos: int = 128, repeats: int = 5) -> float:
+    """Median seconds of one forward pass: phase "prefill" (a prompt of n tokens, batch 1) or "decode"
+    (one step for a batch of n sequences, each with `pos` cached positions).
+
+    A decode step reads a zeroed cache of the right size: the bytes and FLOPs are those of real keys
+    and values (zeros neither speed up nor slow down a CPU or GPU matmul noticeably), and nothing has to be
+    prefilled first, which at batch 64 would cost more than the step itself.
+    """
+    if phase not in ("prefill", "decode"):
+        raise ValueError(f"phase must be 'prefill' or 'decode', got {phase!r}")
+    batch, T = (1, n) if phase == "prefill" else (n, 1)
+    start = 0 if phase == "prefill" else pos
+    if start + T > model.config.context_length:
+        raise ValueError(f"{start + T} positions exceed the model's context length {model.config.context_length}")
+    device = next(model.parameters()).device
+    dtype = model.tok_emb.weight.dtype
+    cache = KVCache(model.config, batch, start + T, device=device, dtype=dtype)
+    cache.k.zero_()
+    cache.v.zero_()
+    ids = torch.zeros(batch, T, dtype=torch.long, device=device)
+
+    def one_pass():
+        cache.pos = start
+        model(ids, cache, check=False, last_only=True)
+
+    with torch.inference_mode():
+        return time_fn(one_pass, device=device, warmup=1, repeats=repeats).median_s
+
+
+def roofline_point(preset: str, phase: str, n: int, dtype: str = "fp32", device="cpu", *, pos: int = 128,
+                   repeats: int = 5) -> dict:
+    """Time one pass (see time_pass) and place it on the roofline: FLOPs, bytes, intensity, achieved rates."""
+    model = get_model(preset, dtype, device)
+    seconds = time_pass(model, phase, n, pos=pos, repeats=repeats)
+    cfg = model.config
+    if phase == "prefill":
+        flops, nbytes = roofline.prefill_flops(cfg, n), roofline.prefill_bytes(cfg, n, 1, dtype)
+    else:
+        flops, nbytes = roofline.decode_flops(cfg, pos, n), roofline.decode_bytes(cfg, pos, n, dtype)
+    return dict(preset=preset, phase=phase, n=n, pos=pos, dtype=dtype, device=str(device), seconds=seconds,
+                flops=flops, bytes=nbytes, intensity=roofline.arithmetic_intensity(flops, nbytes),
+                achieved_flops=flops / seconds, achieved_Bps=nbytes / seconds,
+                tokens_per_s=n / seconds)          # n prompt tokens, or one new token for each of n sequences
+
+
+__all__ = ["roofline_point", "time_pass", "available_devices", "check_request", "clear_models", "default_dtype_name", "dtype_choices",
            "free_bytes", "get_model", "measure_request", "memory_needed", "model_config", "preset_choices"]

@@ -1,6 +1,7 @@
 """Published model shapes, one table shared by the model, the KV-cache calculator and the widgets."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 
@@ -20,10 +21,26 @@ class ModelShape:
     tie_weights: bool
     n_params: int           # as published (config + safetensors index), for weight bytes
     source: str
+    learned_positions: bool = True   # GPT-2 learns a position table; RoPE models (Llama family) have none
 
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
+
+    def with_kv_heads(self, n_kv_head: int, name: str | None = None) -> "ModelShape":
+        """The same model with another number of KV heads (a GQA/MQA variant).
+
+        Narrower K and V projections hold fewer parameters: each layer loses (or gains)
+        2 x n_embd x head_dim weights per KV head (plus their biases, which the GPT-2 family has and
+        the gated Llama family does not), so n_params changes with the cache.
+        """
+        if isinstance(n_kv_head, bool) or not isinstance(n_kv_head, int) or n_kv_head < 1 \
+                or self.n_head % n_kv_head:
+            raise ValueError(f"n_kv_head must be an int >= 1 that divides n_head={self.n_head}, got {n_kv_head!r}")
+        bias = 0 if self.gated_mlp else 1
+        delta = 2 * self.n_layer * (self.n_embd + bias) * self.head_dim * (self.n_kv_head - n_kv_head)
+        return dataclasses.replace(self, name=name or f"{self.name}, {n_kv_head} KV heads",
+                                   n_kv_head=n_kv_head, n_params=self.n_params - delta)
 
 
 def _gpt2(name, n_layer, n_head, n_embd, n_params):
@@ -40,19 +57,19 @@ PRESETS: dict[str, ModelShape] = {s.name: s for s in [
     _gpt2("gpt2-large", 36, 20, 1280, 774_030_080),
     _gpt2("gpt2-xl", 48, 25, 1600, 1_557_611_200),
     ModelShape("llama-2-7b", 32, 32, 32, 4096, 32000, 4096, 11008, True, False, 6_738_415_616,
-               "huggingface.co/meta-llama/Llama-2-7b-hf"),
+               "huggingface.co/meta-llama/Llama-2-7b-hf", learned_positions=False),
     ModelShape("llama-2-13b", 40, 40, 40, 5120, 32000, 4096, 13824, True, False, 13_015_864_320,
-               "huggingface.co/meta-llama/Llama-2-13b-hf"),
+               "huggingface.co/meta-llama/Llama-2-13b-hf", learned_positions=False),
     ModelShape("llama-2-70b", 80, 64, 8, 8192, 32000, 4096, 28672, True, False, 68_976_648_192,
-               "huggingface.co/meta-llama/Llama-2-70b-hf (GQA, 8 KV heads)"),
+               "huggingface.co/meta-llama/Llama-2-70b-hf (GQA, 8 KV heads)", learned_positions=False),
     ModelShape("llama-3-8b", 32, 32, 8, 4096, 128256, 8192, 14336, True, False, 8_030_261_248,
-               "huggingface.co/meta-llama/Meta-Llama-3-8B (GQA, 8 KV heads)"),
+               "huggingface.co/meta-llama/Meta-Llama-3-8B (GQA, 8 KV heads)", learned_positions=False),
     ModelShape("llama-3-70b", 80, 64, 8, 8192, 128256, 8192, 28672, True, False, 70_553_706_496,
-               "huggingface.co/meta-llama/Meta-Llama-3-70B (GQA, 8 KV heads)"),
+               "huggingface.co/meta-llama/Meta-Llama-3-70B (GQA, 8 KV heads)", learned_positions=False),
     ModelShape("mistral-7b", 32, 32, 8, 4096, 32000, 32768, 14336, True, False, 7_241_732_096,
-               "huggingface.co/mistralai/Mistral-7B-v0.1 (GQA, 8 KV heads)"),
+               "huggingface.co/mistralai/Mistral-7B-v0.1 (GQA, 8 KV heads)", learned_positions=False),
     ModelShape("qwen2.5-7b", 28, 28, 4, 3584, 152064, 32768, 18944, True, False, 7_615_616_512,
-               "huggingface.co/Qwen/Qwen2.5-7B (GQA, 4 KV heads)"),
+               "huggingface.co/Qwen/Qwen2.5-7B (GQA, 4 KV heads)", learned_positions=False),
 ]}
 
 

@@ -1,121 +1,280 @@
-"""FLOPs and bytes per phase, arithmetic intensity, floor times, MBU and MFU."""
+"""The one place for FLOPs and bytes: weights, KV cache, each phase; intensity, floors, MBU and MFU."""
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import torch
 
-from .kvcache import check_count, dtype_bytes, kv_cache_bytes
-from .presets import ModelShape
+from .dtypes import dtype_bytes
+from .presets import ModelShape, get_shape
+from .validate import check_count
 
 # Conventions (one place, so every lesson counts the same way):
-# - "params" is every parameter the model holds, embeddings included (GPTConfig.num_params(), or the
-#   published count of a ModelShape). GPT-2 ties its output layer to the token embedding, so the
-#   table is read and multiplied once per token either way.
-# - A matmul with a weight of N elements costs 2 x N FLOPs per token: one multiply and one add.
+# - A token's forward multiplies by every weight in the blocks and by the output layer: 2 FLOPs per weight
+#   (a multiply and an add). Norm weights and biases ride along with the block weights (a few per mille).
+# - The embedding lookup reads one row per token and does no arithmetic (lesson 02). The tables count as bytes
+#   stored, never as FLOPs, and a step reads one row of each table per token. GPT-2's output layer *is* its
+#   token table (tied), and the output layer is always counted in full: it is a real matmul.
+# - Generation asks for the last position's logits only (GPT.forward(last_only=True)), so prefill applies
+#   the output layer once per sequence, not once per prompt token.
 # - Attention adds 4 x n_layer x n_embd FLOPs per key a token attends to (2 for q.k, 2 for p.v).
-# - Bytes count weights and KV cache only; activations are small next to them for the shapes here.
+# - The prefill floor and MFU use the same FLOPs (prefill_flops / decode_flops, attention included).
+# - Bytes count weights, embedding rows and the KV cache. Activations are left out; `linear_bytes` shows
+#   what they add to one matmul, which is why prefill's real intensity is below "prompt length x".
 
 
-def _shape(config):
-    """A GPTConfig, a ModelShape or a preset name -> (params, n_layer, n_embd, shape for kv_cache_bytes)."""
-    if isinstance(config, str):
-        from .model import GPTConfig
-        config = GPTConfig.preset(config)
-    if isinstance(config, ModelShape):
-        return config.n_params, config.n_layer, config.n_embd, config
-    if hasattr(config, "num_params") and hasattr(config, "n_layer"):
-        return config.num_params(), config.n_layer, config.n_embd, config
-    raise TypeError(f"expected a GPTConfig, a ModelShape or a preset name, got {type(config).__name__}")
+@dataclass(frozen=True)
+class Counts:
+    """What a model reads and multiplies per token, split the way the conventions above need."""
+
+    n_params: int          # every parameter stored
+    body_params: int       # block weights (+ final norm): read once per step, 2 FLOPs each per token
+    head_params: int       # the output layer, vocab x n_embd, tied or not
+    row_params: int        # embedding elements one token looks up (token row + position row)
+    n_layer: int
+    n_embd: int
+    kv_shape: object       # anything with n_layer, n_kv_head, head_dim (for the KV-cache bytes)
 
 
-def _check_counts(**counts):
-    for name, value in counts.items():
-        check_count(name, value, 0 if name == "pos" else 1)
+def counts(x) -> Counts:
+    """Counts for a GPT model, a GPTConfig, a ModelShape or a preset name."""
+    if isinstance(x, str):
+        x = get_shape(x)
+    cfg = getattr(x, "config", x)          # a GPT model carries its GPTConfig
+    if isinstance(cfg, ModelShape):
+        n_params, learned_pos = cfg.n_params, cfg.learned_positions
+    elif hasattr(cfg, "num_params") and hasattr(cfg, "n_layer"):
+        n_params, learned_pos = cfg.num_params(), True       # our GPT learns a position table
+    else:
+        raise TypeError(f"expected a GPT model, a GPTConfig, a ModelShape or a preset name, got {type(x).__name__}")
+    C, V = cfg.n_embd, cfg.vocab_size
+    tables = V * C + (cfg.context_length * C if learned_pos else 0)
+    head = V * C
+    body = n_params - tables - (0 if cfg.tie_weights else head)
+    if body <= 0:
+        raise ValueError(f"{getattr(cfg, 'name', 'config')}: {n_params:,} parameters cannot hold its embedding "
+                         f"tables ({tables:,}) and output layer; check n_params")
+    return Counts(n_params, body, head, C * (2 if learned_pos else 1), cfg.n_layer, C, cfg)
 
 
-def _check_positive(**values):
-    for name, value in values.items():
-        if not value > 0:
-            raise ValueError(f"{name} must be > 0, got {value!r}")
+def _tensor_bytes(tensors) -> int:
+    unique = {id(t): t for t in tensors}            # a tied tensor is counted once
+    return sum(t.numel() * t.element_size() for t in unique.values())
 
 
-def param_bytes(config, dtype=torch.float16) -> int:
-    """Bytes of all weights at `dtype`: what one forward pass has to read at least once."""
-    params, *_ = _shape(config)
-    return params * dtype_bytes(dtype)
+def _is_model(x) -> bool:
+    return isinstance(x, torch.nn.Module)
 
 
-def flops_per_token(config, pos: int = 0) -> int:
-    """FLOPs of one token's forward pass: 2 x params (matmuls) + 4 x n_layer x pos x n_embd (attention).
+def _model_tensors(module) -> list[torch.Tensor]:
+    return [*module.parameters(), *module.buffers()]
+
+
+def _float_dtype(model) -> torch.dtype:
+    return model.tok_emb.weight.dtype          # activations (and the KV cache) run in the embedding's dtype
+
+
+def weight_bytes(x, dtype=None) -> int:
+    """Bytes of every weight stored.
+
+    A model: its real tensors (parameters and buffers), a tied tensor once, each at its own element size,
+    so int8 weights and their scales count as what they are (gpt-fast's _get_model_size does the same).
+    A GPTConfig, ModelShape or preset name: its parameter count (published, for a preset) x `dtype`
+    bytes (default fp16).
+    """
+    if _is_model(x):
+        if dtype is not None:
+            raise ValueError("a model's weight bytes are its tensors' own; pass dtype only with a config or preset")
+        return _tensor_bytes(_model_tensors(x))
+    return counts(x).n_params * dtype_bytes(torch.float16 if dtype is None else dtype)
+
+
+def step_weight_bytes(x, tokens_per_seq: int = 1, batch: int = 1, dtype=None) -> int:
+    """Weight bytes one forward pass reads: every block weight and the output layer once, plus one
+    embedding row per token (batch x tokens_per_seq of them). The rest of the tables stays unread."""
+    check_count("tokens_per_seq", tokens_per_seq, 1)
+    check_count("batch", batch, 1)
+    c = counts(x)
+    rows = batch * tokens_per_seq
+    if _is_model(x):
+        if dtype is not None:
+            raise ValueError("a model's weight bytes are its tensors' own; pass dtype only with a config or preset")
+        head = _tensor_bytes(_model_tensors(x.lm_head))
+        tables = [x.tok_emb.weight, x.pos_emb.weight]
+        head_ids = {id(t) for t in _model_tensors(x.lm_head)}
+        table_bytes = _tensor_bytes(t for t in tables if id(t) not in head_ids)
+        body = weight_bytes(x) - head - table_bytes
+        return body + head + rows * c.row_params * x.tok_emb.weight.element_size()
+    elem = dtype_bytes(torch.float16 if dtype is None else dtype)
+    return (c.body_params + c.head_params + rows * c.row_params) * elem
+
+
+# ---- the KV cache ------------------------------------------------------------------------------------------
+
+def kv_bytes_per_token(x, dtype=torch.float16) -> int:
+    """Cache bytes one token adds to one sequence: 2 (K and V) x layers x kv_heads x head_dim x bytes."""
+    shape = counts(x).kv_shape
+    return 2 * shape.n_layer * shape.n_kv_head * shape.head_dim * dtype_bytes(dtype)
+
+
+def kv_cache_bytes(x, seq_len: int, batch_size: int = 1, dtype=torch.float16) -> int:
+    """2 (K and V) x layers x kv_heads x head_dim x bytes x seq_len x batch."""
+    check_count("seq_len", seq_len, 0)
+    check_count("batch_size", batch_size, 1)
+    return kv_bytes_per_token(x, dtype) * seq_len * batch_size
+
+
+def tokens_where_cache_exceeds_weights(x, batch_size: int = 1, dtype=torch.float16,
+                                       weight_dtype=torch.float16) -> int:
+    """The smallest context (tokens per sequence) at which the batch's cache holds more bytes than the weights.
+
+    It can lie beyond the model's context length: then the cache never overtakes the weights for
+    one request, and only a larger batch makes it.
+    """
+    check_count("batch_size", batch_size, 1)
+    return weight_bytes(x, weight_dtype) // (kv_bytes_per_token(x, dtype) * batch_size) + 1
+
+
+def _kv_dtype(x, dtype):
+    if dtype is not None:
+        return dtype
+    return _float_dtype(x) if _is_model(x) else torch.float16
+
+
+# ---- FLOPs and bytes per phase ------------------------------------------------------------------------------
+
+def flops_per_token(x, pos: int = 0) -> int:
+    """FLOPs of one decode token: 2 x (block + output-layer weights) + 4 x n_layer x pos x n_embd (attention).
 
     `pos` is how many keys the token attends to (its own included). pos=0 gives the classic
     "2 FLOPs per parameter per token" with the attention term left out.
     """
-    _check_counts(pos=pos)
-    params, n_layer, n_embd, _ = _shape(config)
-    return 2 * params + 4 * n_layer * pos * n_embd
+    check_count("pos", pos, 0)
+    c = counts(x)
+    return 2 * (c.body_params + c.head_params) + 4 * c.n_layer * pos * c.n_embd
 
 
-def prefill_flops(config, prompt_len: int, batch: int = 1) -> int:
-    """FLOPs of one prefill pass: every prompt token, token t attending to t keys (causal)."""
-    _check_counts(prompt_len=prompt_len, batch=batch)
-    params, n_layer, n_embd, _ = _shape(config)
+def prefill_flops(x, prompt_len: int, batch: int = 1) -> int:
+    """FLOPs of one prefill pass: every prompt token through the blocks, token t attending to t keys
+    (causal), and the output layer for the last position only."""
+    check_count("prompt_len", prompt_len, 1)
+    check_count("batch", batch, 1)
+    c = counts(x)
     keys = prompt_len * (prompt_len + 1) // 2       # 1 + 2 + ... + prompt_len
-    return batch * (2 * params * prompt_len + 4 * n_layer * n_embd * keys)
+    return batch * (2 * c.body_params * prompt_len + 2 * c.head_params + 4 * c.n_layer * c.n_embd * keys)
 
 
-def decode_flops(config, pos: int, batch: int = 1) -> int:
+def decode_flops(x, pos: int, batch: int = 1) -> int:
     """FLOPs of one decode step: one new token per sequence, attending to `pos` cached keys."""
-    _check_counts(pos=pos, batch=batch)
-    return batch * flops_per_token(config, pos)
+    check_count("batch", batch, 1)
+    return batch * flops_per_token(x, pos)
 
 
-def prefill_bytes(config, prompt_len: int, batch: int = 1, dtype=torch.float16) -> int:
-    """Bytes one prefill pass moves: the weights read once (shared by every prompt token) + the KV cache written."""
-    _check_counts(prompt_len=prompt_len, batch=batch)
-    *_, shape = _shape(config)
-    return param_bytes(config, dtype) + kv_cache_bytes(shape, prompt_len, batch, dtype)
+def prefill_bytes(x, prompt_len: int, batch: int = 1, dtype=None) -> int:
+    """Bytes one prefill pass moves: the weights read once (shared by every prompt token) + the KV cache written.
+
+    `dtype` is the weights' and cache's (default fp16) for a config or preset; a model's weights count as
+    stored, and its cache in `dtype` (default: the model's float dtype).
+    """
+    check_count("prompt_len", prompt_len, 1)
+    weights = step_weight_bytes(x, prompt_len, batch, None if _is_model(x) else dtype)
+    return weights + kv_cache_bytes(x, prompt_len, batch, _kv_dtype(x, dtype))
 
 
-def decode_bytes(config, pos: int, batch: int = 1, dtype=torch.float16) -> int:
+def decode_bytes(x, pos: int, batch: int = 1, dtype=None) -> int:
     """Bytes one decode step reads: every weight once (shared by the batch) + `pos` KV-cache entries per sequence."""
-    _check_counts(pos=pos, batch=batch)
-    *_, shape = _shape(config)
-    return param_bytes(config, dtype) + kv_cache_bytes(shape, pos, batch, dtype)
+    check_count("pos", pos, 0)
+    weights = step_weight_bytes(x, 1, batch, None if _is_model(x) else dtype)
+    return weights + kv_cache_bytes(x, pos, batch, _kv_dtype(x, dtype))
+
+
+def linear_flops(n_in: int, n_out: int, tokens: int) -> int:
+    """FLOPs of tokens x [n_in] @ [n_in, n_out]: 2 per weight per token."""
+    for name, v in (("n_in", n_in), ("n_out", n_out), ("tokens", tokens)):
+        check_count(name, v, 1)
+    return 2 * n_in * n_out * tokens
+
+
+def linear_bytes(n_in: int, n_out: int, tokens: int, dtype=torch.float16, weight_dtype=None) -> int:
+    """Bytes that matmul moves at least once: the weight, the input activations and the output activations."""
+    for name, v in (("n_in", n_in), ("n_out", n_out), ("tokens", tokens)):
+        check_count(name, v, 1)
+    weight = n_in * n_out * dtype_bytes(dtype if weight_dtype is None else weight_dtype)
+    return weight + tokens * (n_in + n_out) * dtype_bytes(dtype)
+
+
+# ---- intensity, floors and utilization -------------------------------------------------------------------------
+
+def _check_positive(**values):
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
 
 
 def arithmetic_intensity(flops: float, nbytes: float) -> float:
     """FLOPs per byte moved. Below the machine's ridge point (peak FLOP/s / bandwidth) bytes set the pace."""
     _check_positive(nbytes=nbytes)
-    if flops < 0:
+    if not flops >= 0:
         raise ValueError(f"flops must be >= 0, got {flops!r}")
     return flops / nbytes
 
 
-def decode_floor_s(config, pos: int, batch: int = 1, dtype=torch.float16, *, bandwidth_Bps: float) -> float:
+def attainable_flops(intensity: float, peak_flops: float, bandwidth_Bps: float) -> float:
+    """The roofline: min(peak FLOP/s, intensity x bandwidth). Left of the ridge memory limits, right of it compute."""
+    _check_positive(intensity=intensity, peak_flops=peak_flops, bandwidth_Bps=bandwidth_Bps)
+    return min(peak_flops, intensity * bandwidth_Bps)
+
+
+def decode_step_s(x, pos: int, batch: int = 1, dtype=None, *, bandwidth_Bps: float, peak_flops: float) -> float:
+    """The roofline's prediction for one decode step: the slower of moving its bytes and doing its FLOPs."""
+    return max(decode_floor_s(x, pos, batch, dtype, bandwidth_Bps=bandwidth_Bps),
+               decode_flops(x, pos, batch) / peak_flops)
+
+
+def knee_batch(x, pos: int, dtype=None, *, bandwidth_Bps: float, peak_flops: float) -> float:
+    """Where batching stops paying: the batch at which decode throughput's two asymptotes meet.
+
+    Small batches: throughput ~ batch / (step time at batch 1), since the weights are read once for all.
+    Large batches: each extra sequence costs its own time, the larger of its FLOPs / peak (the ridge is
+    reached: compute-bound) and its KV-cache bytes / bandwidth (the cache reads dominate: still memory-bound),
+    so throughput flattens at 1 / that. The knee is (step time at batch 1) / (time per extra sequence).
+    """
+    step_1 = decode_step_s(x, pos, 1, dtype, bandwidth_Bps=bandwidth_Bps, peak_flops=peak_flops)
+    per_seq = max(decode_flops(x, pos, 1) / peak_flops, kv_cache_bytes(x, pos, 1, _kv_dtype(x, dtype)) / bandwidth_Bps)
+    return step_1 / per_seq
+
+
+def decode_floor_s(x, pos: int, batch: int = 1, dtype=None, *, bandwidth_Bps: float) -> float:
     """The fastest one decode step can be: decode_bytes / bandwidth."""
     _check_positive(bandwidth_Bps=bandwidth_Bps)
-    return decode_bytes(config, pos, batch, dtype) / bandwidth_Bps
+    return decode_bytes(x, pos, batch, dtype) / bandwidth_Bps
 
 
-def prefill_floor_s(config, prompt_len: int, batch: int = 1, *, peak_flops: float) -> float:
+def prefill_floor_s(x, prompt_len: int, batch: int = 1, *, peak_flops: float) -> float:
     """The fastest one prefill pass can be: prefill_flops / peak FLOP/s."""
     _check_positive(peak_flops=peak_flops)
-    return prefill_flops(config, prompt_len, batch) / peak_flops
+    return prefill_flops(x, prompt_len, batch) / peak_flops
 
 
-def mbu(config, pos: int, batch: int, dtype, tpot_s: float, bandwidth_Bps: float) -> float:
+def mbu(x, pos: int, batch: int, dtype, tpot_s: float, bandwidth_Bps: float) -> float:
     """Model bandwidth utilization: (weight + KV-cache bytes read per decode step) / TPOT / peak bandwidth."""
     _check_positive(tpot_s=tpot_s, bandwidth_Bps=bandwidth_Bps)
-    return decode_bytes(config, pos, batch, dtype) / tpot_s / bandwidth_Bps
+    return decode_bytes(x, pos, batch, dtype) / tpot_s / bandwidth_Bps
 
 
-def mfu(config, tokens: int, seconds: float, flops: float) -> float:
-    """Model FLOPs utilization: (2 x params x tokens) / seconds / peak FLOP/s (`flops`, e.g. Peaks.flops)."""
-    _check_counts(tokens=tokens)
-    _check_positive(seconds=seconds, flops=flops)
-    params, *_ = _shape(config)
-    return 2 * params * tokens / seconds / flops
+def mfu(flops: float, seconds: float, peak_flops: float) -> float:
+    """Model FLOPs utilization: useful FLOPs / seconds / peak FLOP/s.
+
+    `flops` comes from prefill_flops or decode_flops (attention included), the same count the floors use.
+    """
+    _check_positive(seconds=seconds, peak_flops=peak_flops)
+    if not flops >= 0:
+        raise ValueError(f"flops must be >= 0, got {flops!r}")
+    return flops / seconds / peak_flops
 
 
-__all__ = ["arithmetic_intensity", "decode_bytes", "decode_flops", "decode_floor_s", "flops_per_token",
-           "mbu", "mfu", "param_bytes", "prefill_bytes", "prefill_flops", "prefill_floor_s"]
+__all__ = ["Counts", "arithmetic_intensity", "attainable_flops", "counts", "decode_bytes", "decode_flops",
+           "decode_floor_s", "decode_step_s", "flops_per_token", "knee_batch", "kv_bytes_per_token", "kv_cache_bytes", "linear_bytes",
+           "linear_flops", "mbu", "mfu", "prefill_bytes", "prefill_flops", "prefill_floor_s", "step_weight_bytes",
+           "tokens_where_cache_exceeds_weights", "weight_bytes"]

@@ -3,6 +3,7 @@ import importlib
 import math
 
 import pytest
+import torch
 
 from labutils import measure
 from labutils import request_figures as rf
@@ -34,17 +35,26 @@ def test_measure_request_returns_consistent_metrics():
     assert row["decode_pos"] == 16 + 3
     assert row["decode_bytes"] == measure.roofline.decode_bytes(measure.GPTConfig.preset("tiny"), 19, 2, "fp32")
     assert row["mbu"] == pytest.approx(row["decode_bytes"] / row["tpot_s"] / 10e9)
-    params = measure.GPTConfig.preset("tiny").num_params()
-    assert row["mfu_prefill"] == pytest.approx(2 * params * 2 * 16 / row["ttft_s"] / 100e9)
+    # MFU uses the same FLOPs as the prefill floor (roofline.prefill_flops, attention included).
+    flops = measure.roofline.prefill_flops(measure.GPTConfig.preset("tiny"), 16, 2)
+    assert row["prefill_flops"] == flops
+    assert row["mfu_prefill"] == pytest.approx(flops / row["ttft_s"] / 100e9)
     assert row["achieved_flops"] == pytest.approx(row["mfu_prefill"] * 100e9)
     assert row["throughput_tok_s"] == pytest.approx(2 * 6 / row["latency_s"])
     assert row["device_name"] == "test CPU"
 
 
+def test_memory_needed_counts_logits_for_the_last_position_only():
+    # 1,000 prompt tokens of gpt2-small: full fp32 logits alone would be 1000 x 50257 x 4 = 201 MB.
+    short = measure.memory_needed("gpt2-small", 10, 2, context_length=2048)
+    long = measure.memory_needed("gpt2-small", 1000, 2, context_length=2048)
+    assert long - short < 1000 * 50257 * 4
+
+
 def test_models_are_built_once_per_preset_dtype_device():
     assert measure.get_model("tiny", "fp32", "cpu") is measure.get_model("tiny", "fp32", "cpu")
     bf16 = measure.get_model("tiny", "bf16", "cpu")
-    assert next(bf16.parameters()).dtype == measure.DTYPES["bf16"]
+    assert next(bf16.parameters()).dtype == torch.bfloat16
     assert len(measure._MODELS) <= measure.MAX_CACHED_MODELS
 
 

@@ -1,7 +1,7 @@
 """KV-cache calculator: kv_summary numbers, and the widget driven headlessly."""
 import pytest
 
-from labutils.kvcache import kv_cache_bytes, weight_bytes
+from labutils.roofline import kv_cache_bytes, weight_bytes
 from labutils.presets import PRESETS
 from labutils.widgets import KVCalculator, kv_calculator, kv_summary
 from labutils.widgets.kv_calculator import GB, cache_curve

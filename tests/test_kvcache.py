@@ -4,8 +4,9 @@ import dataclasses
 import pytest
 import torch
 
-from labutils.kvcache import (KVCache, dtype_bytes, kv_bytes_per_token, kv_cache_bytes,
-                              tokens_where_cache_exceeds_weights, weight_bytes)
+from labutils.dtypes import dtype_bytes
+from labutils.kvcache import KVCache
+from labutils.roofline import kv_bytes_per_token, kv_cache_bytes, tokens_where_cache_exceeds_weights, weight_bytes
 from labutils.model import GPTConfig
 from labutils.presets import PRESETS, get_shape
 
@@ -85,7 +86,7 @@ def test_bad_arguments():
         kv_cache_bytes("tiny", 10, 0)
     with pytest.raises(TypeError, match="seq_len"):
         kv_cache_bytes("tiny", 10.5)
-    with pytest.raises(ValueError, match="unknown cache dtype"):
+    with pytest.raises(ValueError, match="unknown dtype"):
         kv_cache_bytes("tiny", 10, 1, "fp4")
     with pytest.raises(ValueError, match="unknown preset"):
         kv_cache_bytes("gpt-5", 10)

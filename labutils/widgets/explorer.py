@@ -10,6 +10,7 @@ import torch
 
 from .. import measure
 from .. import request_figures as rf
+from ..dtypes import torch_dtype
 from ..hardware import measured_peaks, pick_device
 from ..model import GPTConfig
 
@@ -153,7 +154,7 @@ class Explorer(w.VBox):
 
     def _run(self, s: dict) -> dict:
         self._stage(0, f"measuring this machine's peak bandwidth and FLOP/s ({s['device']}, {s['dtype']})")
-        measured_peaks(s["device"], measure.DTYPES[s["dtype"]])          # cached after the first call
+        measured_peaks(s["device"], torch_dtype(s["dtype"]))          # cached after the first call
         self._stage(1, f"building a random-weight {s['preset']} ({s['dtype']}, {s['device']})")
         measure.get_model(s["preset"], s["dtype"], s["device"])          # cached after the first call
         self._stage(2, f"running: prefill {s['prompt_len']} tokens x batch {s['batch']}, "

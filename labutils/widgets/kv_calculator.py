@@ -7,7 +7,7 @@ import numbers
 import ipywidgets as w
 import plotly.graph_objects as go
 
-from ..kvcache import kv_bytes_per_token, tokens_where_cache_exceeds_weights, weight_bytes
+from ..roofline import kv_bytes_per_token, tokens_where_cache_exceeds_weights, weight_bytes
 from ..presets import PRESETS, get_shape
 
 CACHE_DTYPES = ("fp16", "bf16", "fp8", "int8")

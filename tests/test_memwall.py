@@ -1,0 +1,109 @@
+"""Lesson 07's measurements and figures: one pass on the roofline, the batch knee, the batch slider (headless)."""
+import pytest
+
+from labutils import measure, roofline
+from labutils import roofline_figures as figs
+from labutils.hardware import Peaks
+from labutils.model import GPTConfig
+from labutils.widgets import BatchRoofline
+
+PEAKS = Peaks(bandwidth_Bps=20e9, flops=200e9, device_name="test CPU")     # ridge 10 FLOP/byte
+TINY = GPTConfig.preset("tiny")
+
+
+@pytest.mark.parametrize("phase, n", [("prefill", 32), ("decode", 1), ("decode", 4)])
+def test_roofline_point_counts_the_pass_it_timed(phase, n):
+    row = measure.roofline_point("tiny", phase, n, pos=16, repeats=2)
+    assert row["seconds"] > 0 and row["phase"] == phase and row["n"] == n
+    if phase == "prefill":
+        assert row["flops"] == roofline.prefill_flops(TINY, n)
+        assert row["bytes"] == roofline.prefill_bytes(TINY, n, 1, "fp32")
+    else:
+        assert row["flops"] == roofline.decode_flops(TINY, 16, n)
+        assert row["bytes"] == roofline.decode_bytes(TINY, 16, n, "fp32")
+    assert row["intensity"] == pytest.approx(row["flops"] / row["bytes"])
+    assert row["achieved_flops"] == pytest.approx(row["flops"] / row["seconds"])
+    assert row["tokens_per_s"] == pytest.approx(n / row["seconds"])
+
+
+def test_time_pass_refuses_what_it_cannot_time():
+    model = measure.get_model("tiny", "fp32", "cpu")
+    with pytest.raises(ValueError, match="phase must be"):
+        measure.time_pass(model, "train", 4)
+    with pytest.raises(ValueError, match="context length 256"):
+        measure.time_pass(model, "decode", 2, pos=256)
+
+
+def test_predicted_decode_grows_with_batch_then_flattens_past_the_knee():
+    batches = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    tps = figs.predicted_decode(TINY, batches, 64, "fp32", PEAKS)
+    assert all(b >= a for a, b in zip(tps, tps[1:]))
+    assert tps[1] / tps[0] == pytest.approx(2, rel=0.05)          # memory-bound: a second sequence is free
+    assert tps[-1] / tps[-2] < 1.2                                # compute-bound: no more to gain
+    knee = roofline.knee_batch(TINY, 64, "fp32", bandwidth_Bps=PEAKS.bandwidth_Bps, peak_flops=PEAKS.flops)
+    # Here the ridge is reached first (compute-bound): at the knee the step's intensity is about the ridge point.
+    ai = roofline.arithmetic_intensity(roofline.decode_flops(TINY, 64, round(knee)),
+                                       roofline.decode_bytes(TINY, 64, round(knee), "fp32"))
+    assert 0.5 * PEAKS.ridge < ai < 2 * PEAKS.ridge
+    # The knee is where the asymptotes meet: batch / t(1) on the left, the flat rate on the right.
+    flat = 1 / (roofline.decode_flops(TINY, 64, 1) / PEAKS.flops)
+    assert knee == pytest.approx(flat * roofline.decode_step_s(TINY, 64, 1, "fp32", bandwidth_Bps=PEAKS.bandwidth_Bps,
+                                                               peak_flops=PEAKS.flops))
+
+
+def test_a_long_cache_pulls_the_knee_in_and_keeps_decode_memory_bound():
+    # An A100 in fp16 with gpt2-small: each sequence's cache of 4,096 positions takes longer to read than its
+    # FLOPs take to compute, so throughput flattens at bandwidth / cache bytes long before the ridge.
+    from labutils.hardware import SPECS
+    a100 = SPECS["A100 80GB SXM"]
+    cfg = GPTConfig.preset("gpt2-small", context_length=8192)
+    knees = [roofline.knee_batch(cfg, pos, "fp16", bandwidth_Bps=a100.bandwidth_Bps, peak_flops=a100.flops_16)
+             for pos in (128, 4096)]
+    assert knees[1] < knees[0] / 10
+    per_seq_kv_s = roofline.kv_cache_bytes(cfg, 4096, 1, "fp16") / a100.bandwidth_Bps
+    assert per_seq_kv_s > roofline.decode_flops(cfg, 4096, 1) / a100.flops_16
+
+
+def test_measured_knee_is_where_the_flat_time_meets_the_compute_line():
+    rows = [dict(phase="decode", n=b, seconds=max(1.0, b / 8)) for b in (1, 2, 4, 8, 16, 32, 64)]
+    assert figs.measured_knee(rows) == pytest.approx(8.0)
+    assert figs.measured_knee(rows[:1]) is None
+
+
+def test_roofline_figure_traces_and_points():
+    rows = [dict(phase="prefill", n=64, intensity=30.0, achieved_flops=1e11),
+            dict(phase="decode", n=2, intensity=1.0, achieved_flops=1e10),
+            dict(phase="decode", n=1, intensity=0.5, achieved_flops=5e9)]
+    fig = figs.roofline_figure(PEAKS, rows)
+    prefill, decode, selected = fig.data[-3:]
+    assert list(decode.x) == [0.5, 1.0] and list(decode.text) == ["1", "2"]      # sorted by batch
+    assert list(prefill.y) == [1e11] and len(selected.x) == 0
+    roof = fig.data[0]
+    assert max(roof.y) == PEAKS.flops and roof.y[0] == pytest.approx(roof.x[0] * PEAKS.bandwidth_Bps)
+
+
+def fake_point(preset, phase, n, dtype, device, pos=128):
+    if n == 16:
+        raise RuntimeError("cpu ran out of memory (pretend)")
+    seconds = max(0.01, 0.01 * n / 8)
+    return dict(phase=phase, n=n, seconds=seconds, intensity=0.5 * n, achieved_flops=n * 1e9 / seconds,
+                achieved_Bps=5e8 / seconds, tokens_per_s=n / seconds)
+
+
+def test_batch_slider_measures_each_batch_once_and_survives_errors():
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(args[2])
+        return fake_point(*args, **kwargs)
+
+    view = BatchRoofline("cpu", preset="tiny", dtype="fp32", peaks=PEAKS, measure_fn=counting)
+    view.slider.value = 8
+    view.slider.value = 1
+    assert calls == [1, 8] and "tokens/s" in view.status.value
+    assert list(view.fig_batch.data[1].x) == [1, 8]
+    view.slider.value = 16                                         # the measurement fails
+    assert "Could not measure batch 16" in view.status.value and "ran out of memory" in view.status.value
+    assert list(view.fig_batch.data[1].x) == [1, 8]                # the last good points stay
+    view.slider.value = 32                                         # and the next good value recovers
+    assert list(view.fig_batch.data[1].x) == [1, 8, 32] and "batch <b>32</b>" in view.status.value
