@@ -44,6 +44,40 @@ def param_bytes(config, dtype=torch.float16) -> int:
     return params * dtype_bytes(dtype)
 
 
+def weight_bytes(x, dtype=None) -> int:
+    """Bytes of a model's weights.
+
+    A model (nn.Module): its real tensors, parameters and buffers, each at its own element size;
+    a tied tensor counts once (parameters() and buffers() yield a shared tensor once), so int8
+    weights count 1 byte per element and their scales at the scales' dtype. `dtype` must be None.
+    A GPTConfig or preset name: parameter count x bytes of `dtype` (default fp16), as param_bytes.
+    """
+    # NOTE for merge: the lead is consolidating weight bytes here; this is the model branch of it.
+    if isinstance(x, torch.nn.Module):
+        if dtype is not None:
+            raise ValueError(f"weight_bytes(model) counts each tensor at its own dtype; got dtype={dtype!r}. "
+                             "Cast the model instead (model.to(dtype)), or pass a config to count at a dtype")
+        tensors = [*x.parameters(), *x.buffers()]
+        return sum(t.numel() * t.element_size() for t in tensors)
+    return param_bytes(x, torch.float16 if dtype is None else dtype)
+
+
+def linear_flops(n_out: int, n_in: int, batch: int = 1) -> int:
+    """FLOPs of y = x @ W.T for `batch` rows of x and W [n_out, n_in]: 2 x n_out x n_in per row."""
+    _check_counts(n_out=n_out, n_in=n_in, batch=batch)
+    return 2 * n_out * n_in * batch
+
+
+def linear_bytes(n_out: int, n_in: int, batch: int = 1, dtype=torch.float32) -> int:
+    """Bytes one y = x @ W.T moves at least: W read once, `batch` rows of x read and of y written.
+
+    At batch 1 (a GEMV) the weight is nearly all of it; as the batch grows the activations join in,
+    which is why a GEMM's intensity stays below "batch FLOPs per weight byte".
+    """
+    _check_counts(n_out=n_out, n_in=n_in, batch=batch)
+    return (n_out * n_in + batch * (n_in + n_out)) * dtype_bytes(dtype)
+
+
 def flops_per_token(config, pos: int = 0) -> int:
     """FLOPs of one token's forward pass: 2 x params (matmuls) + 4 x n_layer x pos x n_embd (attention).
 
@@ -118,4 +152,5 @@ def mfu(config, tokens: int, seconds: float, flops: float) -> float:
 
 
 __all__ = ["arithmetic_intensity", "decode_bytes", "decode_flops", "decode_floor_s", "flops_per_token",
-           "mbu", "mfu", "param_bytes", "prefill_bytes", "prefill_flops", "prefill_floor_s"]
+           "linear_bytes", "linear_flops", "mbu", "mfu", "param_bytes", "prefill_bytes", "prefill_flops",
+           "prefill_floor_s", "weight_bytes"]
