@@ -93,30 +93,36 @@ def dequantize(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch
 
 
 # ---------------------------------------------------------------------------------------------
-# The kernels: (x [rows, n_in], q [n_out, n_in] int8, scales [n_out]) -> y [rows, n_out] in x's dtype
+# The kernels: (x [rows, n_in], q [n_out, n_in] int8, scales [n_out], bias [n_out] or None)
+#   -> y [rows, n_out] in x's dtype
 # ---------------------------------------------------------------------------------------------
 
-def _int8pack_bf16(x, q, scales):
+def _finish(y, x, bias):
+    # The bias is in the model's dtype, so adding it also casts a bf16 result back: one op, not two.
+    return y.to(x.dtype) if bias is None else (y + bias).to(x.dtype)
+
+
+def _int8pack_bf16(x, q, scales, bias=None):
     # The CPU's tuned int8 GEMV: bf16 activations and scales, the weight read as int8.
     y = torch._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), q, scales.to(torch.bfloat16))
-    return y.to(x.dtype)
+    return _finish(y, x, bias)
 
 
-def _int8pack(x, q, scales):
+def _int8pack(x, q, scales, bias=None):
     # The same op in x's own dtype (fp32 on CUDA, whose kernel takes fp32 only).
-    return torch._weight_int8pack_mm(x.contiguous(), q, scales.to(x.dtype))
+    return _finish(torch._weight_int8pack_mm(x.contiguous(), q, scales.to(x.dtype)), x, bias)
 
 
-def _dequant_bf16(x, q, scales):
+def _dequant_bf16(x, q, scales, bias=None):
     # Cast the weight to bf16, one bf16 GEMM, scale the output columns: the CPU's prefill path.
     y = F.linear(x.to(torch.bfloat16), q.to(torch.bfloat16)) * scales.to(torch.bfloat16)
-    return y.to(x.dtype)
+    return _finish(y, x, bias)
 
 
-def _dequant(x, q, scales):
+def _dequant(x, q, scales, bias=None):
     # gpt-fast's form. Eager, the cast writes a float weight before the matmul reads it; under
     # torch.compile inductor fuses the cast into the matmul, so only the int8 bytes are read.
-    return F.linear(x, q.to(x.dtype)) * scales.to(x.dtype)
+    return _finish(F.linear(x, q.to(x.dtype)) * scales.to(x.dtype), x, bias)
 
 
 KERNELS: dict[str, Callable] = {"int8pack_bf16": _int8pack_bf16, "int8pack": _int8pack,
@@ -166,9 +172,7 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)
-        y = KERNELS[int8_path(x.device, x2.shape[0], self.in_features)](x2, self.weight, self.scales)
-        if self.bias is not None:
-            y = y + self.bias
+        y = KERNELS[int8_path(x.device, x2.shape[0], self.in_features)](x2, self.weight, self.scales, self.bias)
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
