@@ -7,8 +7,8 @@ bytes directly. Measured on a 2-core AVX-512 CPU (torch 2.13, one 3072 x 768 GEM
 
 - `torch._weight_int8pack_mm` with bf16 activations reads the int8 weight and scales it in
   registers: the fastest path at batch 1, faster than fp32 or bf16 `F.linear`.
-- The same op with fp32 activations is an order of magnitude slower (its fp32 kernel is not the
-  tuned one), so the CPU path casts x to bf16 on the way in and back on the way out.
+- The same op with fp32 activations is many times slower (its fp32 kernel is not the tuned one),
+  so the CPU path casts x to bf16 on the way in and back on the way out.
 - Dequantize-then-matmul in eager mode writes a float copy of the weight first, then reads it:
   more bytes than the float layer it replaces, so int8 loses.
 - `_weight_int8pack_mm` handles one row of x at a time (its time grows with the rows), so above a
@@ -33,8 +33,8 @@ from . import roofline, timing
 SUPPORTED = {"cpu": (torch.float32, torch.bfloat16),
              "cuda": (torch.float32, torch.bfloat16, torch.float16)}
 # Above this many rows of x, _weight_int8pack_mm (one pass over the weight per row) loses to one bf16
-# GEMM over the dequantized weight. On the machine above the two met between 8 and 16 rows of a
-# 3072 x 768 weight; decode (batch 1-8) stays on the int8 kernel, prefill goes to the GEMM.
+# GEMM over the dequantized weight. In one run on the machine above the two met between 8 and 16
+# rows of a 3072 x 768 weight; decode (batch 1-8) stays on the int8 kernel, prefill goes to the GEMM.
 GEMV_MAX_ROWS = 8
 # The CPU int8 kernel walks each weight row in full SIMD vectors (16 floats on AVX-512, 8 on AVX2
 # and NEON) with no tail loop: an n_in that is not a multiple reads past the row (NaN or a crash).
@@ -109,7 +109,7 @@ def _int8pack_bf16(x, q, scales, bias=None):
 
 
 def _int8pack(x, q, scales, bias=None):
-    # The same op in x's own dtype (fp32 on CUDA, whose kernel takes fp32 only).
+    # The same op in x's own dtype. (On CUDA the op converts x and the scales to fp32 itself.)
     return _finish(torch._weight_int8pack_mm(x.contiguous(), q, scales.to(x.dtype)), x, bias)
 
 
@@ -134,8 +134,8 @@ def int8_path(device, rows: int, n_in: int) -> str:
 
     CPU: the int8 GEMV (bf16 in, bf16 scales) for decode-sized batches whose n_in the kernel can
     walk; otherwise the bf16 dequantize-GEMM. CUDA: gpt-fast's dequantize-matmul, which is what
-    torch.compile fuses (torch's CUDA _weight_int8pack_mm takes fp32 activations only and computes
-    each output with plain CUDA cores; `int8_paths(device="cuda")` measures it beside the others).
+    torch.compile fuses. (torch's CUDA _weight_int8pack_mm converts x to fp32 and computes each output
+    on plain CUDA cores, no tensor cores; `int8_paths(device="cuda")` measures it beside the others.)
     """
     kind = torch.device(device).type
     if kind == "cpu":
@@ -192,14 +192,16 @@ class Int8Embedding(nn.Module):
         # A plain attribute, not a submodule: registering `table` twice would list its tensors
         # under two names in state_dict.
         self.__dict__["table"] = table
-        self.dtype = dtype
+        # An empty float buffer that model.to(dtype) converts with the rest: the dtype rows come out in.
+        self.register_buffer("_dtype", torch.empty(0, dtype=dtype, device=table.weight.device), persistent=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = F.embedding(ids, self.table.weight).to(self.dtype)
-        return rows * self.table.scales[ids].to(self.dtype).unsqueeze(-1)
+        dtype = self._dtype.dtype
+        return F.embedding(ids, self.table.weight).to(dtype) * self.table.scales[ids].to(dtype).unsqueeze(-1)
 
     def extra_repr(self) -> str:
-        return f"tied to an Int8Linear {self.table.out_features} x {self.table.in_features}, dtype={self.dtype}"
+        return (f"tied to an Int8Linear {self.table.out_features} x {self.table.in_features}, "
+                f"dtype={_dtype_name(self._dtype.dtype)}")
 
 
 def is_quantized(model: nn.Module) -> bool:
@@ -309,8 +311,7 @@ def compare(model: nn.Module, tokens: torch.Tensor | None = None, *, new_tokens:
         raise ValueError("compare() takes the float model and quantizes a copy; this one is already int8")
     if tokens is None:
         _, tokens = course_tokens()
-    model = model.eval()
-    int8 = quantize_(copy.deepcopy(model))
+    int8 = quantize_(copy.deepcopy(model)).eval()
     device = next(model.parameters()).device
     seq = model.config.context_length
     n_windows = min(logit_windows, (len(tokens) - 1) // seq)

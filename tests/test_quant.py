@@ -247,3 +247,14 @@ def test_cuda_path_matches_float_and_generates():
     assert generate(int8, ids, 4).tokens.shape == (2, 4)
     t = quant.int8_paths(n_out=256, n_in=256, device="cuda", rounds=1, repeats=2)
     assert {"fp32", "bf16", "dequant"} <= set(t)
+
+
+def test_the_tied_lookup_follows_the_model_to_another_dtype():
+    model = quantize_(small_gpt())
+    ids = torch.randint(0, SMALL.vocab_size, (1, 5))
+    assert model.tok_emb(ids).dtype == torch.float32
+    before, float_bytes = roofline.weight_bytes(model), sum(p.numel() * 4 for p in model.parameters())
+    model.to(torch.bfloat16)
+    assert model.tok_emb(ids).dtype == torch.bfloat16 and model(ids).dtype == torch.bfloat16
+    # Only the float tensors (norms, biases, positions) halve; the int8 table and bf16 scales stay.
+    assert roofline.weight_bytes(model) == before - float_bytes // 2
