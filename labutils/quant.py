@@ -2,7 +2,7 @@
 
 Decode reads every weight once per step, so a weight stored in 1 byte instead of 4 (fp32) or 2
 (bf16) cuts the bytes a step must read. It only cuts the *time* if the multiply reads the int8
-bytes directly. Measured on a 2-core AVX-512 CPU (torch 2.13, one 3072 x 768 GEMV; run
+bytes directly. Measured on the course's 2-core CI CPU (torch 2.13, one 3072 x 768 GEMV; run
 `int8_paths()` to see this machine's numbers):
 
 - `torch._weight_int8pack_mm` with bf16 activations reads the int8 weight and scales it in
@@ -249,9 +249,10 @@ def int8_paths(n_out: int = 3072, n_in: int = 768, batch: int = 1, device=None, 
                rounds: int = 3, repeats: int = 10, seed: int = 0) -> dict[str, float]:
     """Median seconds of y = x @ W.T for one [n_out, n_in] weight on each path, timed side by side.
 
-    "fp32" and "bf16" are F.linear on a float weight; the others are the int8 KERNELS. The rounds
-    alternate between paths so that load from other programs hits every path alike. A path this
-    build of torch cannot run on `device` is left out.
+    "fp32" and "bf16" are F.linear on a float weight; the others are the int8 KERNELS, fed fp32
+    activations and scales stored as Int8Linear stores them, so a path's casts are part of its time
+    (as in an fp32 model). The rounds alternate between paths so that load from other programs hits
+    every path alike. A path this build of torch cannot run on `device` is left out.
     """
     from .hardware import pick_device
     device = pick_device() if device is None else torch.device(device)
@@ -262,7 +263,7 @@ def int8_paths(n_out: int = 3072, n_in: int = 768, batch: int = 1, device=None, 
     g = torch.Generator().manual_seed(seed)
     w = (torch.randn(n_out, n_in, generator=g) * 0.02).to(device)
     x = torch.randn(batch, n_in, generator=g).to(device)
-    q, scales = quantize_per_channel(w, torch.float32)
+    q, scales = quantize_per_channel(w, scale_dtype(device, torch.float32))
     w16, x16 = w.to(torch.bfloat16), x.to(torch.bfloat16)
     fns = {"fp32": lambda: F.linear(x, w), "bf16": lambda: F.linear(x16, w16)}
     for name, kernel in KERNELS.items():

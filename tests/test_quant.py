@@ -221,10 +221,11 @@ def test_compare_on_the_trained_tiny_model(heldout):
     assert row["weight_bytes"] == roofline.weight_bytes(model) == model.num_params() * 4
     assert row["int8_weight_bytes"] == row["weight_bytes"] - saving
     assert 0.25 < row["int8_weight_bytes"] / row["weight_bytes"] < 0.3
-    # Accuracy: small logit error, mostly the same greedy tokens, held-out loss within 0.02 nats of fp32.
-    assert 0 < row["logit_rel_err"] < 0.02
+    # Accuracy: small logit error, mostly the same greedy tokens, held-out loss within 0.01 nats of fp32.
+    assert 0 < row["logit_rel_err"] < 0.02 and row["logit_max_abs_err"] > 0
     assert row["greedy_agreement"] >= 0.75 and row["greedy_steps"] == 24
-    assert abs(row["int8_heldout_loss"] - row["heldout_loss"]) < 0.02
+    assert 0 < row["greedy_prefix"] <= 24
+    assert abs(row["int8_heldout_loss"] - row["heldout_loss"]) < 0.01
     # The float model is left as it was.
     assert not quant.is_quantized(model)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
