@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import copy
 import json
+import operator
 import platform
 import statistics
 import sys
@@ -20,8 +22,9 @@ from typing import Callable
 
 import torch
 
-from . import timing
+from . import quant, timing
 from .generate import decode_step, generate, prefill
+from .hardware import default_dtype
 from .kvcache import KVCache
 from .model import GPT, GPTConfig
 
@@ -39,13 +42,16 @@ class BenchSettings:
         return "bench-quick" if self.quick else "gpt2-small"
 
 
+_OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
+
+
 @dataclass
 class BenchRow:
     """One line of the table: a measured ratio, its target, and the two numbers behind it."""
 
     name: str
     ratio: float
-    target: str                 # ">= 3" or "<= 1.3"
+    target: str                 # ">= 3", "<= 1.3", or strict: "> 1"
     setup: str                  # shape, dtype, device, lengths: enough to reproduce the row
     detail: str                 # the two measured sides
     status: str = ""            # PASS / FAIL / ERROR
@@ -53,8 +59,7 @@ class BenchRow:
     def __post_init__(self):
         if not self.status:
             op, value = self.target.split()
-            ok = self.ratio >= float(value) if op == ">=" else self.ratio <= float(value)
-            self.status = "PASS" if ok else "FAIL"
+            self.status = "PASS" if _OPS[op](self.ratio, float(value)) else "FAIL"
 
 
 @functools.lru_cache(maxsize=4)
@@ -120,8 +125,36 @@ def tpot_long_vs_short(s: BenchSettings) -> BenchRow:
                     f"(median of {s.rounds} x {2 if s.quick else 6} steps)")
 
 
+def int8_vs_16_32(s: BenchSettings) -> BenchRow:
+    """Decode TPOT with int8 weights vs the faster of fp32 and bf16 weights, through generate()."""
+    base = bench_model(s.preset, str(s.device))
+    half = torch.bfloat16
+    if s.device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
+        half = torch.float16                      # pre-Ampere GPUs: fp16 is their 16-bit path
+    half_name = str(half).removeprefix("torch.")
+    # int8 weights with activations in the dtype this device runs models in (fp32 on a CPU, whose
+    # int8 kernel computes in bf16 anyway; bf16 on a recent GPU).
+    models = {"fp32": base, half_name: copy.deepcopy(base).to(half),
+              "int8": quant.quantize_(copy.deepcopy(base).to(default_dtype(s.device)))}
+    prompt_len, new = (16, 8) if s.quick else (128, 32)
+    ids = torch.randint(0, base.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0))
+    for model in models.values():
+        generate(model, ids, 2)                   # warm-up, untimed
+    tpots: dict[str, list[float]] = {name: [] for name in models}
+    for _ in range(s.rounds):                     # interleaved, so drifting load hits every model
+        for name, model in models.items():
+            tpots[name].append(generate(model, ids, new).tpot_s)
+    t = {name: statistics.median(v) for name, v in tpots.items()}
+    best = min(("fp32", half_name), key=t.get)
+    return BenchRow(f"best of fp32/{half_name} TPOT / int8 TPOT", t[best] / t["int8"], "> 1",
+                    f"{s.preset} shape, random weights, {s.device.type}, batch 1, {prompt_len}-token prompt + "
+                    f"{new} new, generate()",
+                    ", ".join(f"{name} {t[name] * 1e3:.2f} ms" for name in models)
+                    + f" (median of {s.rounds}); best 16/32-bit: {best}")
+
+
 # The table, in order. Later lessons append their rows here.
-ROWS: list[Callable[[BenchSettings], BenchRow]] = [recompute_vs_cached, tpot_long_vs_short]
+ROWS: list[Callable[[BenchSettings], BenchRow]] = [recompute_vs_cached, tpot_long_vs_short, int8_vs_16_32]
 
 
 def run(settings: BenchSettings, rows: list[Callable[[BenchSettings], BenchRow]] | None = None,

@@ -294,6 +294,43 @@ def measure_matmul_flops(dtype: torch.dtype = torch.float32, device: torch.devic
 
 
 # ---------------------------------------------------------------------------------------------
+# One weight matrix, from GEMV to GEMM
+# ---------------------------------------------------------------------------------------------
+
+def measure_linear_sweep(n_out: int = 3072, n_in: int = 768, batches=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+                         dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
+                         repeats: int = 5, warmup: int = 2, seed: int = 0) -> list[dict]:
+    """Time y = x @ W.T for one [n_out, n_in] weight at each batch (rows of x): the GEMV -> GEMM walk.
+
+    The default is gpt2-small's MLP weight. Returns one plain row per batch, for a table or a plotly
+    line: batch, seconds (median), bytes and flops (roofline.linear_bytes / linear_flops),
+    bytes_per_s, flops_per_s and intensity (FLOP/byte). At batch 1 every weight byte serves two
+    FLOPs, so bandwidth sets the time; each extra row reuses the same bytes, until FLOP/s does.
+    """
+    from . import roofline
+    device = _resolve(device)
+    check_dtype(dtype, device)
+    batches = list(batches)
+    for name, value in (("n_out", n_out), ("n_in", n_in), ("repeats", repeats), *(("batch", b) for b in batches)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if not batches:
+        raise ValueError("batches is empty; pass the batch sizes to time, e.g. (1, 8, 64)")
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n_out, n_in, generator=g).to(device=device, dtype=dtype)
+    rows = []
+    for batch in batches:
+        x = torch.randn(batch, n_in, generator=g).to(device=device, dtype=dtype)
+        out = torch.empty(batch, n_out, device=device, dtype=dtype)
+        seconds = time_fn(lambda: torch.matmul(x, w.t(), out=out), device=device, warmup=warmup,
+                          repeats=repeats).median_s
+        nbytes, flops = roofline.linear_bytes(n_out, n_in, batch, dtype), roofline.linear_flops(n_out, n_in, batch)
+        rows.append(dict(batch=batch, seconds=seconds, bytes=nbytes, flops=flops, bytes_per_s=nbytes / seconds,
+                         flops_per_s=flops / seconds, intensity=roofline.arithmetic_intensity(flops, nbytes)))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
 # Measured peaks, once per session
 # ---------------------------------------------------------------------------------------------
 

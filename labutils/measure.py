@@ -55,15 +55,12 @@ def default_dtype_name(device) -> str:
 def free_bytes(device) -> float:
     """Memory free for a new model on `device` (models this module caches count as free: they can be evicted)."""
     device = torch.device(device)
-    cached = sum(_model_bytes(m) for (_, _, dev, _), m in _MODELS.items() if torch.device(dev).type == device.type)
+    cached = sum(roofline.weight_bytes(m) for (_, _, dev, _), m in _MODELS.items()
+                 if torch.device(dev).type == device.type)
     free = free_memory_bytes(device)
     if free is None:           # the platform does not say (some Apple GPUs): do not block, OOM is still caught
         return float("inf")
     return free + cached
-
-
-def _model_bytes(model: GPT) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())   # a tied tensor comes once
 
 
 def model_config(preset: str, context_length: int | None = None) -> GPTConfig:
@@ -141,7 +138,7 @@ def get_model(preset: str, dtype: str = "fp32", device="cpu", context_length: in
     while len(_MODELS) >= MAX_CACHED_MODELS:
         clear_models(1)
     need = memory_needed(preset, 1, 1, 1, dtype, context_length)
-    while _MODELS and need > 0.9 * (free_bytes(device) - sum(_model_bytes(m) for m in _MODELS.values())):
+    while _MODELS and need > 0.9 * (free_bytes(device) - sum(roofline.weight_bytes(m) for m in _MODELS.values())):
         clear_models(1)           # make room: drop the least recently used model
     with torch.device(device):    # on a GPU the random initialisation runs there, which is much faster
         model = GPT(model_config(preset, context_length)).to(torch_dtype(dtype)).eval()

@@ -189,19 +189,22 @@ def decode_bytes(x, pos: int, batch: int = 1, dtype=None) -> int:
     return weights + kv_cache_bytes(x, pos, batch, _kv_dtype(x, dtype))
 
 
-def linear_flops(n_in: int, n_out: int, tokens: int) -> int:
-    """FLOPs of tokens x [n_in] @ [n_in, n_out]: 2 per weight per token."""
-    for name, v in (("n_in", n_in), ("n_out", n_out), ("tokens", tokens)):
+def linear_flops(n_out: int, n_in: int, batch: int = 1) -> int:
+    """FLOPs of y = x @ W.T for `batch` rows of x and W [n_out, n_in]: 2 x n_out x n_in per row."""
+    for name, v in (("n_out", n_out), ("n_in", n_in), ("batch", batch)):
         check_count(name, v, 1)
-    return 2 * n_in * n_out * tokens
+    return 2 * n_out * n_in * batch
 
 
-def linear_bytes(n_in: int, n_out: int, tokens: int, dtype=torch.float16, weight_dtype=None) -> int:
-    """Bytes that matmul moves at least once: the weight, the input activations and the output activations."""
-    for name, v in (("n_in", n_in), ("n_out", n_out), ("tokens", tokens)):
+def linear_bytes(n_out: int, n_in: int, batch: int = 1, dtype=torch.float32) -> int:
+    """Bytes one y = x @ W.T moves at least: W read once, `batch` rows of x read and of y written.
+
+    At batch 1 (a GEMV) the weight is nearly all of it; as the batch grows the activations join in,
+    which is why a GEMM's intensity stays below "batch FLOPs per weight byte".
+    """
+    for name, v in (("n_out", n_out), ("n_in", n_in), ("batch", batch)):
         check_count(name, v, 1)
-    weight = n_in * n_out * dtype_bytes(dtype if weight_dtype is None else weight_dtype)
-    return weight + tokens * (n_in + n_out) * dtype_bytes(dtype)
+    return (n_out * n_in + batch * (n_in + n_out)) * dtype_bytes(dtype)
 
 
 # ---- intensity, floors and utilization -------------------------------------------------------------------------

@@ -30,6 +30,17 @@ def test_status_follows_the_target():
     assert bench.BenchRow("a", 2.9, ">= 3", "", "").status == "FAIL"
     assert bench.BenchRow("b", 1.2, "<= 1.3", "", "").status == "PASS"
     assert bench.BenchRow("b", 1.4, "<= 1.3", "", "").status == "FAIL"
+    assert bench.BenchRow("c", 1.0, "> 1", "", "").status == "FAIL"       # strict: equal is not below
+    assert bench.BenchRow("c", 1.01, "> 1", "", "").status == "PASS"
+
+
+def test_int8_row_measures_int8_against_fp32_and_bf16():
+    row = bench.int8_vs_16_32(bench.BenchSettings(quick=True, rounds=1))
+    assert row.target == "> 1" and row.status in ("PASS", "FAIL")
+    assert math.isfinite(row.ratio) and row.ratio > 0
+    for name in ("fp32", "bfloat16", "int8"):
+        assert f"{name} " in row.detail and " ms" in row.detail
+    assert "batch 1" in row.setup and "16-token prompt" in row.setup
 
 
 def test_a_failing_row_still_exits_zero_but_an_error_does_not(monkeypatch, capsys):
