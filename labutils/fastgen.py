@@ -80,11 +80,11 @@ def _check_choice(name: str, value, choices) -> None:
 
 def _unavailable(mode: str, device: torch.device, cache: str) -> str | None:
     """Why `mode` cannot run here (a fallback reason), or None."""
-    if mode == "graph" and device.type != "cuda":
-        return f"CUDA graphs need an NVIDIA GPU and the model is on {device.type}; running eager"
     if mode in ("graph", "compile") and cache == "growing":
         return (f"{mode} needs static shapes, and the growing cache changes shape every step; "
                 "running eager (use cache='static')")
+    if mode == "graph" and device.type != "cuda":
+        return f"CUDA graphs need an NVIDIA GPU and the model is on {device.type}; running eager"
     return None
 
 
@@ -257,6 +257,38 @@ class FastDecoder:
                                     fallback=self.fallback)
 
 
+_HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__")
+
+
+def _eager_without_host_reads(gm, example_inputs):
+    """A dynamo backend that runs the traced graph as it is, after refusing any read back to the host."""
+    for node in gm.graph.nodes:
+        if node.op == "call_method" and node.target in _HOST_READS:
+            raise RuntimeError(f"the step reads a device value on the host ({node.target}() in {node.stack_trace or node.name}); "
+                               "a CUDA graph cannot replay that")
+    return gm.forward
+
+
+def check_graph_ready(step: Callable[[], object], steps: int = 4) -> None:
+    """Raise unless `step()` is one static graph: what a CUDA graph can capture and replay, checked on any device.
+
+    dynamo traces the step (no compiler, about a second) with fullgraph=True, so a graph break
+    raises; a read of a device value on the host (.item(), a Python branch on a tensor) raises;
+    and error_on_recompile makes a shape or Python constant that changes between steps raise
+    too, as a growing cache slice or a Python-int position would. Run it on a prefilled decoder:
+    check_graph_ready(decoder.step). It leaves the step's effects (cache writes, tokens) in place.
+    """
+    import torch._dynamo
+    torch._dynamo.reset()
+    traced = torch.compile(step, fullgraph=True, dynamic=False, backend=_eager_without_host_reads)
+    try:
+        with torch.inference_mode(), torch._dynamo.config.patch(error_on_recompile=True):
+            for _ in range(steps):
+                traced()
+    finally:
+        torch._dynamo.reset()
+
+
 def fast_generate(model, ids, max_new_tokens: int, *, temperature: float = 0.0, top_k: int | None = None,
                   top_p: float | None = None, seed: int | None = None, mode: str = "auto",
                   cache: str = "static", on_token: Callable[[torch.Tensor], object] | None = None
@@ -277,5 +309,5 @@ def fast_generate(model, ids, max_new_tokens: int, *, temperature: float = 0.0, 
     return decoder.generate(ids, max_new_tokens, seed=seed, on_token=on_token)
 
 
-__all__ = ["CACHES", "MODES", "STAGES", "FastDecoder", "FastGenerationResult", "decode_one", "fast_generate",
-           "pick_token"]
+__all__ = ["CACHES", "MODES", "STAGES", "FastDecoder", "FastGenerationResult", "check_graph_ready", "decode_one",
+           "fast_generate", "pick_token"]
