@@ -7,6 +7,7 @@ Later lessons add rows: write `def my_row(s: BenchSettings) -> BenchRow` and app
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import functools
 import json
@@ -130,6 +131,16 @@ def _dtype(s: BenchSettings) -> torch.dtype:
     return torch.bfloat16 if s.device.type == "cuda" else torch.float32
 
 
+def fast_model(model: GPT, s: BenchSettings) -> GPT:
+    """The model as the fast loop runs it on this device: on CPU with column-major weights (fastgen.column_major_weights)."""
+    from .fastgen import column_major_weights
+    return column_major_weights(model) if s.device.type == "cpu" else model
+
+
+def _layout(s: BenchSettings) -> str:
+    return ", column-major weights" if s.device.type == "cpu" else ""
+
+
 def _request(s: BenchSettings, vocab: int) -> tuple[torch.Tensor, int]:
     prompt_len, new = (32, 8) if s.quick else (PROMPT_LEN, NEW_TOKENS)
     ids = torch.randint(0, vocab, (1, prompt_len), generator=torch.Generator().manual_seed(0))
@@ -176,7 +187,7 @@ def _fast_vs_hf(s: BenchSettings, shape: str, target: str) -> BenchRow:
     from .fastgen import FastDecoder
     hf, ours = hf_pair(shape, s)
     ids, new = _request(s, ours.config.vocab_size)
-    hf, ours = hf.to(s.device), ours.to(s.device)
+    hf, ours = hf.to(s.device), fast_model(ours.to(s.device), s)
     check_same_greedy_tokens(hf, ours, ids, new)
     hf, ours = hf.to(dtype=_dtype(s)), ours.to(dtype=_dtype(s))
     dec = FastDecoder(ours, 1, ids.shape[1] + new)      # mode="auto": CUDA graph on a GPU, eager on CPU
@@ -185,7 +196,7 @@ def _fast_vs_hf(s: BenchSettings, shape: str, target: str) -> BenchRow:
     return BenchRow(f"HF generate / fast loop, {shape}, end to end", t["hf"] / t["fast"], target,
                     f"{'bench-quick' if s.quick else shape} GPT-2 shape, same random weights (greedy tokens checked "
                     f"equal in fp32), {str(_dtype(s)).removeprefix('torch.')}, {s.device.type}, batch 1, "
-                    f"{ids.shape[1]}-token prompt + {new} new; fast loop mode={dec.mode}",
+                    f"{ids.shape[1]}-token prompt + {new} new; fast loop mode={dec.mode}{_layout(s)}",
                     f"HF {t['hf']:.2f} s, fast {t['fast']:.2f} s (median of {s.rounds}); "
                     f"setup {dec.setup_s * 1e3:.0f} ms once, outside the timing")
 
@@ -205,7 +216,7 @@ def decode_bandwidth(s: BenchSettings) -> BenchRow:
     from .fastgen import FastDecoder
     from .hardware import measure_bandwidth
     from .roofline import decode_bytes
-    model = bench_model(s.preset, str(s.device)).to(dtype=_dtype(s))
+    model = fast_model(copy.deepcopy(bench_model(s.preset, str(s.device))).to(dtype=_dtype(s)), s)
     ids, new = _request(s, model.config.vocab_size)
     dec = FastDecoder(model, 1, ids.shape[1] + new)
     dec.generate(ids, new)                                 # warm-up, untimed
@@ -218,7 +229,7 @@ def decode_bandwidth(s: BenchSettings) -> BenchRow:
     nbytes = decode_bytes(model.config, ids.shape[1] + new // 2, 1, _dtype(s))
     return BenchRow("decode bytes/s / copy bandwidth", nbytes / tpot_s / bw_Bps, ">= 0.7",
                     f"{s.preset} shape, random {str(_dtype(s)).removeprefix('torch.')}, {s.device.type}, batch 1, "
-                    f"{ids.shape[1]}-token prompt + {new} new; fast loop mode={dec.mode}",
+                    f"{ids.shape[1]}-token prompt + {new} new; fast loop mode={dec.mode}{_layout(s)}",
                     f"{nbytes / 1e6:.0f} MB per step in {tpot_s * 1e3:.1f} ms = {nbytes / tpot_s / 1e9:.1f} GB/s; "
                     f"copy {bw_Bps / 1e9:.1f} GB/s (median of {s.rounds})")
 
@@ -228,7 +239,7 @@ def prefill_throughput(s: BenchSettings) -> BenchRow:
     from .fastgen import FastDecoder
     from .hardware import measure_matmul_flops
     from .roofline import prefill_flops
-    model = bench_model(s.preset, str(s.device)).to(dtype=_dtype(s))
+    model = fast_model(copy.deepcopy(bench_model(s.preset, str(s.device))).to(dtype=_dtype(s)), s)
     prompt_len = 64 if s.quick else 512
     ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0))
     dec = FastDecoder(model, 1, prompt_len + 1)
@@ -241,7 +252,7 @@ def prefill_throughput(s: BenchSettings) -> BenchRow:
     flops = prefill_flops(model.config, prompt_len)
     return BenchRow(f"prefill FLOP/s at {prompt_len} tokens / matmul FLOP/s", flops / ttft_s / peak_flops, ">= 0.6",
                     f"{s.preset} shape, random {str(_dtype(s)).removeprefix('torch.')}, {s.device.type}, batch 1, "
-                    f"{prompt_len}-token prompt, the fast loop's prefill (last-position logits)",
+                    f"{prompt_len}-token prompt, the fast loop's prefill (last-position logits){_layout(s)}",
                     f"{flops / 1e9:.1f} GFLOP (roofline.prefill_flops) in {ttft_s * 1e3:.0f} ms = "
                     f"{flops / ttft_s / 1e9:.0f} GFLOP/s; matmul {peak_flops / 1e9:.0f} GFLOP/s (median of {s.rounds})")
 

@@ -366,3 +366,19 @@ def test_gpu_decode_steps_never_sync_the_host(mode):
 def test_gpu_out_of_memory_says_what_to_shrink():
     with pytest.raises(MemoryError, match="does not fit on cuda.*smaller batch"):
         StaticKVCache(GPTConfig.preset("gpt2-small"), 100_000, 1024, device="cuda")
+
+
+def test_column_major_weights_keep_values_ties_and_tokens():
+    model = fp32_model(2, seed=14)
+    ids = prompt(2, 8, 14)
+    want = generate(model, ids, 30).tokens
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    tied = make_model(2, seed=14).float()
+    assert tied.lm_head.weight is tied.tok_emb.weight
+    fastgen.column_major_weights(tied)
+    assert tied.lm_head.weight is tied.tok_emb.weight and tied.lm_head.weight.stride() == (1, VOCAB)
+    fastgen.column_major_weights(model)
+    for name, w in model.state_dict().items():
+        assert torch.equal(w, before[name]), name
+    assert model.blocks[0].attn.qkv.weight.t().is_contiguous()
+    assert torch.equal(fast_generate(model, ids, 30).tokens, want)
