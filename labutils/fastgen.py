@@ -119,7 +119,6 @@ class FastDecoder:
             # CUDA: the graph. Elsewhere eager: no CUDA graphs, and inductor's compile takes longer
             # on a CPU than a lesson's time budget allows (time it with mode="compile").
             mode = "graph" if self.device.type == "cuda" and cache == "static" else "eager"
-        self.requested = mode
         self.fallback = _unavailable(mode, self.device, cache)
         self.mode = "eager" if self.fallback else mode
         self._run: Callable[[], None] = self.step
@@ -165,8 +164,8 @@ class FastDecoder:
 
     def _compile(self) -> Callable[[], None]:
         """torch.compile the step; on CUDA, "reduce-overhead" also replays it as a CUDA graph."""
-        for t in (self.cache.k, self.cache.v, self.token, *([self.noise] if self.noise is not None else []),
-                  *([self.cache.pos] if isinstance(self.cache.pos, torch.Tensor) else [])):
+        c = self.cache                    # a StaticKVCache: _unavailable() refuses compile with a growing one
+        for t in (c.k, c.v, c.pos, c._key_pos, self.token, *([self.noise] if self.noise is not None else [])):
             torch._dynamo.mark_static_address(t)   # fixed buffers: no copy into the graph's inputs per call
         compiled = torch.compile(self.step, mode="reduce-overhead", fullgraph=True, dynamic=False)
         for _ in range(3):                # compile, record, replay once: all before the request starts

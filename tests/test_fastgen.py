@@ -333,7 +333,7 @@ def test_gpu_event_timestamps_are_sane_against_wall_time():
     res = dec.generate(ids, 64)
     wall = time.perf_counter() - t0
     ts = res.timestamps
-    assert 0 < ts[0] < ts[-1] <= wall
+    assert 0 < ts[0] < ts[-1] <= wall + 1e-3         # the device clock and the host's agree to a millisecond
     assert ts[-1] >= 0.5 * wall, f"events say {ts[-1]:.4f} s of a {wall:.4f} s request"
     assert all(b >= a for a, b in zip(ts, ts[1:]))
 
