@@ -16,6 +16,9 @@ class KVCache:
     makes CUDA graphs possible. `pos` counts the positions already written.
     """
 
+    # update() hands back only the written prefix, so attention masks by offset (cache.pos), not by a mask.
+    mask = None
+
     def __init__(self, config, batch_size: int = 1, max_len: int | None = None,
                  device=None, dtype=torch.float32):
         max_len = config.context_length if max_len is None else max_len
@@ -60,6 +63,10 @@ class KVCache:
         if self.pos + n_new > self.max_len:
             raise ValueError(f"cache holds {self.max_len} positions; {self.pos} used, {n_new} more do not fit. "
                              "Make a larger KVCache (max_len) or reset() it")
+
+    def begin(self, n_new: int) -> torch.Tensor:
+        """Called once per forward, before any layer: the absolute positions [n_new] of the new tokens."""
+        return torch.arange(self.pos, self.pos + n_new, device=self.device)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Write this step's keys/values at [pos, pos+T) and return all of them so far."""
