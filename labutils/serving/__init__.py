@@ -1,0 +1,1 @@
+"""Serving: continuous batching over a paged KV cache with prefix caching, workloads and their metrics."""

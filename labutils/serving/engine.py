@@ -1,0 +1,228 @@
+"""The course's serving engine: requests in, continuous batching over a paged KV cache, per-token timestamps out."""
+from __future__ import annotations
+
+import math
+import numbers
+import time
+
+import torch
+
+from ..fastgen import pick_token
+from ..validate import check_count
+from .blocks import BlockManager
+from .paged_cache import PagedKVCache
+from .scheduler import MODES, Scheduler
+from .sequence import Sequence
+from .workload import RequestResult, Workload
+
+
+class Engine:
+    """Serve many requests with one model: Engine(model, max_batch_size).submit(...) ... .run().
+
+    Each step() prefills the requests that join (one forward each, reusing cached prefix blocks)
+    and then decodes one token for every request already running, in one batched forward whose
+    rows sit at different positions. Decoding is greedy, so a request's tokens are those of its
+    solo generate() run. Times are seconds on the real clock since the workload started: the
+    first step() after the engine was idle (run() starts with one).
+
+    kv_budget_bytes bounds the paged KV cache: blocks held by running requests plus blocks kept
+    for prefix reuse. None gives room for max_batch_size requests at the full context, so nothing
+    is ever preempted. When running requests need more, the newest is preempted and recomputed
+    later. A budget below one full-context request (0 included) still serves every request, with
+    its blocks, but keeps nothing cached.
+    """
+
+    def __init__(self, model, max_batch_size: int, *, block_size: int = 16, prefix_caching: bool = True,
+                 kv_budget_bytes: int | None = None, mode: str = "continuous"):
+        if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+            raise TypeError(f"model must be a labutils GPT, got {type(model).__name__}")
+        check_count("max_batch_size", max_batch_size, 1)
+        check_count("block_size", block_size, 1)
+        if not isinstance(prefix_caching, bool):
+            raise TypeError(f"prefix_caching must be True or False, got {prefix_caching!r}")
+        if kv_budget_bytes is not None:
+            check_count("kv_budget_bytes", kv_budget_bytes, 0)
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; choose one of {list(MODES)}")
+        param = next(model.parameters())
+        self.model, self.config = model, model.config
+        self.device, self.dtype = param.device, model.tok_emb.weight.dtype
+        self.max_batch_size, self.block_size, self.mode = max_batch_size, block_size, mode
+        per_request = -(-self.config.context_length // block_size)     # blocks of one full-context request
+        block_bytes = PagedKVCache(self.config, block_size, 1, self.device, self.dtype).block_bytes
+        budget = max_batch_size * per_request if kv_budget_bytes is None else kv_budget_bytes // block_bytes
+        n_blocks = max(budget, per_request)
+        self.blocks = BlockManager(n_blocks, block_size, prefix_caching=prefix_caching, budget_blocks=budget)
+        self.cache = PagedKVCache(self.config, block_size, n_blocks, self.device, self.dtype)
+        self.scheduler = Scheduler(self.blocks, max_batch_size, mode)
+        self.finished: list[RequestResult] = []     # results of the current (or last) workload
+        self.timeline: list[dict] = []              # one row per step: time, batch, queue, blocks
+        self.wall_s = 0.0                           # the last workload's duration: start to last token
+        self._pending: list[Sequence] = []          # submitted, not arrived yet
+        self._rejected: dict[int, str] = {}
+        self._next_id = 0
+        self._t0: float | None = None
+        self.steps = 0
+        self.peak_blocks = 0
+
+    # -- requests in -------------------------------------------------------------------------------
+
+    def submit(self, prompt_ids, max_new_tokens: int, arrival_s: float = 0.0, eos_id: int | None = None) -> int:
+        """Queue one request; returns its id. arrival_s: seconds after the workload starts (the first step).
+
+        A request longer than the context is not refused here: it comes back from run() with
+        finish_reason "rejected" and the reason in `error`, and the others go on.
+        """
+        prompt = self._check_prompt(prompt_ids)
+        check_count("max_new_tokens", max_new_tokens, 1)
+        if isinstance(arrival_s, bool) or not isinstance(arrival_s, numbers.Real) or not (
+                math.isfinite(arrival_s) and arrival_s >= 0):
+            raise ValueError(f"arrival_s must be seconds >= 0 after the workload starts, got {arrival_s!r}")
+        V = self.config.vocab_size
+        if eos_id is not None and (isinstance(eos_id, bool) or not isinstance(eos_id, numbers.Integral)
+                                   or not 0 <= eos_id < V):
+            raise ValueError(f"eos_id must be None or a token id in [0, {V}), got {eos_id!r}")
+        if self._t0 is not None:             # the clock runs: a request cannot arrive in the past
+            arrival_s = max(float(arrival_s), self.clock())
+        seq = Sequence(self._next_id, prompt, int(max_new_tokens), float(arrival_s),
+                       None if eos_id is None else int(eos_id))
+        self._next_id += 1
+        total, ctx = len(prompt) + seq.max_new_tokens, self.config.context_length
+        if total > ctx:
+            self._rejected[seq.id] = (f"prompt ({len(prompt)}) + max_new_tokens ({seq.max_new_tokens}) = {total} "
+                                      f"tokens exceed the context length {ctx}; shorten one of them")
+        self._pending.append(seq)
+        return seq.id
+
+    def _check_prompt(self, prompt_ids) -> list[int]:
+        if isinstance(prompt_ids, torch.Tensor):
+            if prompt_ids.dim() != 1 or prompt_ids.dtype.is_floating_point or prompt_ids.dtype == torch.bool:
+                raise TypeError(f"prompt_ids must be one prompt: a 1-D integer tensor or a list of ints, got a "
+                                f"{prompt_ids.dtype} tensor of shape {tuple(prompt_ids.shape)}")
+            prompt_ids = prompt_ids.tolist()
+        if isinstance(prompt_ids, (str, bytes)) or not hasattr(prompt_ids, "__iter__"):
+            raise TypeError(f"prompt_ids must be a list of token ids, got {type(prompt_ids).__name__}; "
+                            "encode text with the tokenizer first")
+        prompt = list(prompt_ids)
+        if not prompt:
+            raise ValueError("the prompt is empty; encode at least one token")
+        V = self.config.vocab_size
+        for tok in prompt:
+            if isinstance(tok, bool) or not isinstance(tok, numbers.Integral):
+                raise TypeError(f"prompt_ids must be ints, got {type(tok).__name__} {tok!r}")
+            if not 0 <= tok < V:
+                raise ValueError(f"token id {tok} is outside the vocab of size {V}; "
+                                 "encode with the tokenizer that matches this model")
+        return [int(t) for t in prompt]
+
+    # -- the clock and the loop --------------------------------------------------------------------
+
+    def clock(self) -> float:
+        """Seconds since the current workload started (0 before it has)."""
+        return 0.0 if self._t0 is None else time.perf_counter() - self._t0
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._pending or self.scheduler.waiting or self.scheduler.running)
+
+    @property
+    def next_arrival_s(self) -> float | None:
+        return min((s.arrival_s for s in self._pending), default=None)
+
+    @torch.inference_mode()
+    def step(self) -> list[RequestResult]:
+        """One scheduler iteration: arrivals join the queue, new requests prefill, the running batch decodes one token.
+
+        Returns the requests that finished in this step.
+        """
+        if not self.busy:
+            return []
+        if self._t0 is None:                 # a new workload: a new clock and a fresh record
+            self._t0 = time.perf_counter()
+            self.finished, self.timeline = [], []
+        done = self._arrive(self.clock())
+        joining, decode = self.scheduler.schedule(self.clock())
+        for seq in joining:
+            done += self._forward([seq])
+        if decode:
+            done += self._forward(decode)
+        self.steps += 1
+        self.peak_blocks = max(self.peak_blocks, self.blocks.used)
+        now = self.clock()
+        self.timeline.append(dict(t=now, running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
+                                  blocks_used=self.blocks.used, blocks_cached=self.blocks.cached))
+        self.finished += done
+        if not self.busy:
+            self.wall_s, self._t0 = now, None
+        elif not (joining or decode or done) and not self.scheduler.running and self.scheduler.waiting:
+            raise RuntimeError("the scheduler could not admit any waiting request into an empty batch; "
+                               "this is a bug in labutils.serving")
+        return done
+
+    def run(self) -> list[RequestResult]:
+        """Step until every submitted request has finished; their results, by id. Idle gaps sleep until the next arrival."""
+        while self.busy:
+            if not (self.scheduler.waiting or self.scheduler.running) and self._t0 is not None:
+                time.sleep(max(0.0, self.next_arrival_s - self.clock()))
+            self.step()
+        return sorted(self.finished, key=lambda r: r.id)
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _arrive(self, now: float) -> list[RequestResult]:
+        arrived = sorted((s for s in self._pending if s.arrival_s <= now), key=lambda s: (s.arrival_s, s.id))
+        self._pending = [s for s in self._pending if s.arrival_s > now]
+        rejected = []
+        for seq in arrived:
+            if seq.id in self._rejected:
+                rejected.append(seq.result("rejected", self._rejected.pop(seq.id)))
+            else:
+                self.scheduler.add(seq)
+        return rejected
+
+    def _forward(self, seqs: list[Sequence]) -> list[RequestResult]:
+        """Feed each sequence's uncomputed tokens (the same count for every row), append the next token."""
+        n = len(seqs[0].tokens) - seqs[0].n_computed
+        self.cache.ensure(self.blocks.high_water)
+        ids = torch.tensor([s.tokens[s.n_computed:] for s in seqs], device=self.device)
+        view = self.cache.batch([s.table for s in seqs], [s.n_computed for s in seqs], n)
+        logits = self.model(ids, view, check=False, last_only=True)[:, -1]
+        tokens = pick_token(logits, None).tolist()        # greedy; tolist() waits for the device
+        now = self.clock()
+        done = []
+        for seq, tok in zip(seqs, tokens):
+            seq.n_computed += n
+            self.blocks.commit(seq.table, seq.keys, seq.tokens, seq.n_computed)
+            seq.generated.append(tok)
+            seq.timestamps.append(now)
+            if seq.done:
+                self.scheduler.finish(seq, now)
+                done.append(seq.result())
+        return done
+
+    # -- what it did -------------------------------------------------------------------------------
+
+    @property
+    def stats(self) -> dict:
+        """Prefix-cache hits, preemptions and KV-cache memory since the engine was made."""
+        s = self.scheduler
+        return dict(prompt_tokens=s.prompt_tokens, cached_tokens=s.cached_tokens,
+                    hit_rate=s.cached_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,
+                    preemptions=s.preemptions, steps=self.steps, blocks_used=self.blocks.used,
+                    blocks_cached=self.blocks.cached, peak_blocks=self.peak_blocks, n_blocks=self.blocks.n_blocks,
+                    block_bytes=self.cache.block_bytes, kv_bytes_allocated=self.cache.nbytes)
+
+
+def run_workload(engine: Engine, workload: Workload) -> tuple[list[RequestResult], float]:
+    """Submit every request of `workload`, run them, return (results by id, wall seconds)."""
+    if not isinstance(workload, Workload):
+        raise TypeError(f"workload must be a serving.workload.Workload, got {type(workload).__name__}")
+    if engine.busy:
+        raise RuntimeError("the engine is still serving an earlier workload; call run() first")
+    for r in workload:
+        engine.submit(r.prompt_ids, r.max_new_tokens, r.arrival_s, r.eos_id)
+    results = engine.run()
+    return results, engine.wall_s
+
+
+__all__ = ["Engine", "run_workload"]

@@ -1,0 +1,230 @@
+"""Serving workloads as plain data, per-request results, and their summary as vLLM's serving benchmark reports it.
+
+One Workload drives the course's Engine (`engine.run_workload`) or a client of a real server:
+each Request carries exactly what Engine.submit takes. Each driver returns RequestResults with
+token timestamps in seconds since the workload started; `summarize` turns them into TTFT, TPOT,
+ITL and end-to-end latency (mean, p50, p99), output tokens/s and goodput under an SLO. The
+per-request metrics are labutils.timing's, measured from each request's arrival.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import timing
+from ..validate import check_count
+
+COMPLETED = ("stop", "length")     # finish reasons of a request that produced its answer (OpenAI's names)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request: the arguments of Engine.submit (arrival_s in seconds after the workload starts)."""
+
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    arrival_s: float = 0.0
+    eos_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Requests in arrival order, and a sentence saying how they were drawn."""
+
+    requests: tuple[Request, ...]
+    description: str = ""
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def __iter__(self):
+        return iter(self.requests)
+
+
+def _length_range(name: str, value) -> tuple[int, int]:
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        value = (value, value)
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise ValueError(f"{name} must be a length or a (low, high) pair of lengths, got {value!r}")
+    lo, hi = value
+    check_count(f"{name}[0]", lo, 1)
+    check_count(f"{name}[1]", hi, 1)
+    if lo > hi:
+        raise ValueError(f"{name}=({lo}, {hi}): the low end must not exceed the high end")
+    return int(lo), int(hi)
+
+
+def make_workload(n_requests: int, *, vocab_size: int, prompt_len=(16, 64), output_len=(16, 64),
+                  rate: float | None = None, system_prompt_len: int = 0, eos_id: int | None = None,
+                  seed: int = 0) -> Workload:
+    """A seeded workload, drawn as vLLM's benchmark draws its random dataset.
+
+    Prompt and output lengths are uniform integers in the inclusive ranges `prompt_len` and
+    `output_len`, prompt tokens uniform ids below vocab_size. `rate` requests/s gives Poisson
+    arrivals (exponential gaps, the first request at t=0); None sends every request at t=0.
+    `system_prompt_len` > 0 puts one shared, seeded system prompt of that many tokens before
+    every request's own prompt (what prefix caching serves).
+    """
+    check_count("n_requests", n_requests, 1)
+    check_count("vocab_size", vocab_size, 1)
+    check_count("system_prompt_len", system_prompt_len, 0)
+    p_lo, p_hi = _length_range("prompt_len", prompt_len)
+    o_lo, o_hi = _length_range("output_len", output_len)
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0):
+        raise ValueError(f"rate must be a number of requests per second > 0, or None for all at t=0; got {rate!r}")
+    rng = np.random.default_rng(seed)
+    system = rng.integers(0, vocab_size, system_prompt_len).tolist()
+    p_lens = rng.integers(p_lo, p_hi + 1, n_requests)
+    o_lens = rng.integers(o_lo, o_hi + 1, n_requests)
+    gaps = rng.exponential(1.0 / rate, n_requests) if rate is not None and math.isfinite(rate) else np.zeros(n_requests)
+    arrivals = np.concatenate([[0.0], np.cumsum(gaps[:-1])])
+    requests = tuple(Request(tuple(system + rng.integers(0, vocab_size, p).tolist()), int(o), float(a), eos_id)
+                     for p, o, a in zip(p_lens, o_lens, arrivals))
+    when = f"Poisson arrivals at {rate:g}/s" if rate is not None else "all at t=0"
+    shared = f", a shared {system_prompt_len}-token system prompt" if system_prompt_len else ""
+    return Workload(requests, f"{n_requests} requests, prompts {p_lo}-{p_hi} tokens{shared}, outputs "
+                              f"{o_lo}-{o_hi} tokens (uniform), {when}, seed {seed}")
+
+
+@dataclass
+class RequestResult:
+    """What one request produced. Times are seconds since the workload started; metrics count from arrival.
+
+    finish_reason: "stop" (EOS), "length" (max_new_tokens), "rejected" (never ran; `error` says
+    why) or "failed" (stopped part-way; `error` says why).
+    """
+
+    id: int
+    arrival_s: float
+    tokens: list[int]
+    timestamps: list[float]
+    finish_reason: str
+    prompt_len: int = 0
+    error: str | None = None
+    cached_tokens: int = 0                       # prompt tokens served from the prefix cache
+    spans: list[tuple[float, float]] = field(default_factory=list)   # (join, leave) of the running batch
+
+    @property
+    def ok(self) -> bool:
+        return self.finish_reason in COMPLETED
+
+    @property
+    def since_arrival(self) -> list[float]:
+        return [t - self.arrival_s for t in self.timestamps]
+
+    @property
+    def ttft_s(self) -> float:
+        return timing.ttft_s(self.since_arrival) if self.timestamps else math.nan
+
+    @property
+    def tpot_s(self) -> float:
+        return timing.tpot_s(self.since_arrival) if self.timestamps else math.nan
+
+    @property
+    def itl_s(self) -> list[float]:
+        return timing.itl_s(self.since_arrival) if self.timestamps else []
+
+    @property
+    def latency_s(self) -> float:
+        """End to end: arrival to the last token."""
+        return self.since_arrival[-1] if self.timestamps else math.nan
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Mean, median and 99th percentile (numpy's linear interpolation, as vLLM's benchmark)."""
+
+    mean: float
+    p50: float
+    p99: float
+
+    @classmethod
+    def of(cls, values) -> "Stats":
+        values = [v for v in values if not math.isnan(v)]
+        if not values:
+            return cls(math.nan, math.nan, math.nan)
+        return cls(float(np.mean(values)), float(np.percentile(values, 50)), float(np.percentile(values, 99)))
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Service-level objectives; a request is *good* when it meets every one that is set."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    latency_s: float | None = None
+
+    def __post_init__(self):
+        for name in ("ttft_s", "tpot_s", "latency_s"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not value > 0):
+                raise ValueError(f"SLO {name} must be a number of seconds > 0 or None, got {value!r}")
+
+    def met_by(self, r) -> bool:
+        # A one-token answer has no TPOT (nan): nothing to miss.
+        return r.ok and all(limit is None or not getattr(r, name) > limit
+                            for name, limit in dataclasses.asdict(self).items())
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A workload's meters. Latency stats cover completed requests; ITL pools every gap of every request."""
+
+    n_requests: int
+    n_completed: int
+    wall_s: float
+    output_tokens: int
+    output_tok_s: float           # output tokens of completed requests per second of wall time
+    request_per_s: float          # completed requests per second
+    goodput_req_s: float          # completed requests meeting the SLO, per second
+    ttft_s: Stats
+    tpot_s: Stats
+    itl_s: Stats
+    latency_s: Stats
+    slo: SLO
+
+    def table(self) -> str:
+        """The summary as lines of text, milliseconds for latencies."""
+        lines = [f"requests: {self.n_completed} of {self.n_requests} completed in {self.wall_s:.2f} s",
+                 f"throughput: {self.output_tok_s:.1f} output tokens/s, {self.request_per_s:.2f} requests/s, "
+                 f"goodput {self.goodput_req_s:.2f} requests/s"]
+        for name in ("ttft_s", "tpot_s", "itl_s", "latency_s"):
+            s = getattr(self, name)
+            lines.append(f"{name.removesuffix('_s').upper():<8} mean {s.mean * 1e3:8.1f} ms   p50 {s.p50 * 1e3:8.1f} ms"
+                         f"   p99 {s.p99 * 1e3:8.1f} ms")
+        return "\n".join(lines)
+
+
+def summarize(finished, wall_s: float, slo: SLO | dict | None = None) -> Summary:
+    """Meters of a workload's results (anything with RequestResult's fields) over wall_s seconds.
+
+    With no SLO every completed request is good, so goodput equals completed requests/s.
+    """
+    if isinstance(wall_s, bool) or not isinstance(wall_s, (int, float)) or not (math.isfinite(wall_s) and wall_s > 0):
+        raise ValueError(f"wall_s must be the workload's duration in seconds (> 0), got {wall_s!r}")
+    if isinstance(slo, dict):
+        unknown = set(slo) - {"ttft_s", "tpot_s", "latency_s"}
+        if unknown:
+            raise ValueError(f"unknown SLO field(s) {sorted(unknown)}; use ttft_s, tpot_s and latency_s")
+        slo = SLO(**slo)
+    slo = SLO() if slo is None else slo
+    if not isinstance(slo, SLO):
+        raise TypeError(f"slo must be an SLO, a dict of its fields or None, got {type(slo).__name__}")
+    finished = list(finished)
+    done = [r for r in finished if r.ok]
+    tokens = sum(len(r.tokens) for r in done)
+    return Summary(
+        n_requests=len(finished), n_completed=len(done), wall_s=float(wall_s), output_tokens=tokens,
+        output_tok_s=tokens / wall_s, request_per_s=len(done) / wall_s,
+        goodput_req_s=sum(slo.met_by(r) for r in done) / wall_s,
+        ttft_s=Stats.of(r.ttft_s for r in done), tpot_s=Stats.of(r.tpot_s for r in done),
+        itl_s=Stats.of(gap for r in done for gap in r.itl_s), latency_s=Stats.of(r.latency_s for r in done),
+        slo=slo)
+
+
+__all__ = ["COMPLETED", "Request", "RequestResult", "SLO", "Stats", "Summary", "Workload", "make_workload",
+           "summarize"]
