@@ -20,10 +20,15 @@ def block_slots(block_tables: torch.Tensor, block_size: int) -> torch.Tensor:
     return (block_tables[:, :, None] * block_size + offsets).flatten(1)
 
 
-def gather_blocks(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """One layer's pool [n_slots, n_kv_head, head_dim] read at slots [batch, L] -> [batch, n_kv_head, L, head_dim]."""
-    B, L = slots.shape
-    return pool.index_select(0, slots.flatten()).view(B, L, *pool.shape[1:]).transpose(1, 2)
+def gather_blocks(pool: torch.Tensor, block_tables: torch.Tensor, block_size: int) -> torch.Tensor:
+    """One layer's pool [n_slots, n_kv_head, head_dim], each row's blocks in table order -> [batch, n_kv_head, L, head_dim].
+
+    It copies whole blocks (block_size x n_kv_head x head_dim contiguous values each), which on a
+    CPU is several times faster than picking the same values slot by slot.
+    """
+    B, nb = block_tables.shape
+    blocks = pool.view(-1, block_size, *pool.shape[1:]).index_select(0, block_tables.flatten())
+    return blocks.view(B, nb * block_size, *pool.shape[1:]).transpose(1, 2)
 
 
 def paged_mask(positions: torch.Tensor, n_keys: int) -> torch.Tensor:
@@ -43,9 +48,8 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     block_tables [batch, n_blocks] (rows padded with any valid block), positions [batch, Tq] (each
     query's absolute position). Equal to dense causal attention over the request's own keys.
     """
-    slots = block_slots(block_tables, block_size)
-    k, v = gather_blocks(k_pool, slots), gather_blocks(v_pool, slots)
-    return attention(q, k, v, impl=impl, mask=paged_mask(positions, slots.shape[1]))
+    k, v = gather_blocks(k_pool, block_tables, block_size), gather_blocks(v_pool, block_tables, block_size)
+    return attention(q, k, v, impl=impl, mask=paged_mask(positions, k.shape[2]))
 
 
 __all__ = ["block_slots", "gather_blocks", "paged_attention", "paged_mask"]

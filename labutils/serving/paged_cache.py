@@ -80,7 +80,7 @@ class PagedBatch:
         for t, start in zip(tables, starts):
             if start + n_new > len(t) * bs:
                 raise ValueError(f"positions up to {start + n_new - 1} do not fit a block table of {len(t)} blocks")
-        self.cache, self.n_new = cache, n_new
+        self.cache, self.n_new, self.table = cache, n_new, table
         self.pos = torch.tensor(starts, device=device)
         self.slots = block_slots(table, bs)                        # [batch, width * block_size]
         self.mask: torch.Tensor | None = None
@@ -103,7 +103,8 @@ class PagedBatch:
         """Write k, v [batch, n_kv_head, n_new, head_dim] into the pool; return each row's keys and values so far."""
         for pool, new in ((self.cache.k[layer], k), (self.cache.v[layer], v)):
             pool.index_copy_(0, self._write, new.transpose(1, 2).reshape(-1, *pool.shape[1:]))
-        return gather_blocks(self.cache.k[layer], self.slots), gather_blocks(self.cache.v[layer], self.slots)
+        bs = self.cache.block_size
+        return gather_blocks(self.cache.k[layer], self.table, bs), gather_blocks(self.cache.v[layer], self.table, bs)
 
     def advance(self, n: int) -> None:
         """Nothing to do: the engine moves each request's own position after the forward."""
