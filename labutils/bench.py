@@ -298,10 +298,49 @@ def prefill_throughput(s: BenchSettings) -> BenchRow:
                     f"{flops / seconds / 1e9:.0f} GFLOP/s; matmul {peak_flops / 1e9:.0f} GFLOP/s (median of {s.rounds})")
 
 
+# --- lesson 09: serving --------------------------------------------------------------------------------------
+
+def serving_workload(s: BenchSettings, vocab_size: int):
+    """The serving rows' seeded workload: 32 requests at t=0 (quick: 8), uniform prompt and output lengths."""
+    from .serving.workload import make_workload
+    n, prompt_len, output_len = (8, (8, 24), (4, 12)) if s.quick else (32, (16, 64), (16, 48))
+    return make_workload(n, vocab_size=vocab_size, prompt_len=prompt_len, output_len=output_len, seed=0)
+
+
+def continuous_vs_one_at_a_time(s: BenchSettings) -> BenchRow:
+    """Output tokens/s of one workload through the Engine: continuous batching (a slot per request) vs one at a time."""
+    from .serving.engine import Engine, run_workload
+    from .serving.workload import summarize
+    model = bench_model(s.preset, str(s.device))
+    wl = serving_workload(s, model.config.vocab_size)
+    # The same engine both ways; only the batch limit differs. Prefix caching off: a later round would
+    # otherwise find the earlier round's prompts cached, and random prompts share nothing anyway.
+    engines = {"continuous": Engine(model, len(wl), prefix_caching=False),
+               "one at a time": Engine(model, 1, prefix_caching=False)}
+    warm = dataclasses.replace(wl, requests=wl.requests[:2])
+    for engine in engines.values():
+        run_workload(engine, warm)                          # warm-up, untimed
+    tok_s: dict[str, list[float]] = {name: [] for name in engines}
+    tokens: dict[str, list[list[int]]] = {}
+    for _ in range(s.rounds):                               # interleaved, so drifting load hits both
+        for name, engine in engines.items():
+            results, wall_s = run_workload(engine, wl)
+            tok_s[name].append(summarize(results, wall_s).output_tok_s)
+            tokens[name] = [r.tokens for r in results]
+    t = {name: statistics.median(v) for name, v in tok_s.items()}
+    same = sum(a == b for a, b in zip(tokens["continuous"], tokens["one at a time"]))
+    return BenchRow("continuous batching / one request at a time, output tokens/s",
+                    t["continuous"] / t["one at a time"], ">= 3",
+                    f"{s.preset} shape, random {dtype_name(next(model.parameters()).dtype)}, {s.device.type}, "
+                    f"serving.Engine (paged KV, block 16), {wl.description}; greedy tokens equal in {same} of {len(wl)}",
+                    f"continuous ({len(wl)} slots) {t['continuous']:.1f} tokens/s, one at a time "
+                    f"{t['one at a time']:.1f} tokens/s (median of {s.rounds})")
+
+
 # The table, in order. Later lessons append their rows here.
 ROWS: list[Callable[[BenchSettings], BenchRow]] = [recompute_vs_cached, tpot_long_vs_short, fast_vs_hf_tiny,
                                                    fast_vs_hf_gpt2_small, decode_bandwidth, prefill_throughput,
-                                                   int8_vs_16_32]
+                                                   int8_vs_16_32, continuous_vs_one_at_a_time]
 
 
 def run(settings: BenchSettings, rows: list[Callable[[BenchSettings], BenchRow]] | None = None,

@@ -85,3 +85,11 @@ def test_hf_rows_refuse_to_time_models_that_disagree():
         ours.blocks[0].mlp.fc.weight.mul_(-3.0)                 # now they compute different things
     with pytest.raises(AssertionError, match="disagree from step"):
         bench.check_same_greedy_tokens(hf, ours, ids, 6)
+
+
+def test_serving_row_runs_on_quick_settings():
+    row = bench.continuous_vs_one_at_a_time(bench.BenchSettings(quick=True, rounds=1))
+    assert bench.continuous_vs_one_at_a_time in bench.ROWS
+    assert row.target == ">= 3" and row.status in ("PASS", "FAIL") and math.isfinite(row.ratio) and row.ratio > 0
+    assert "8 requests" in row.setup and "seed 0" in row.setup and "greedy tokens equal in" in row.setup
+    assert "tokens/s" in row.detail and "median of 1" in row.detail
