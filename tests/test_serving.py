@@ -131,6 +131,18 @@ def test_a_shared_prefix_is_served_from_the_cache():
     assert engine.stats["cached_tokens"] == 32 and engine.stats["hit_rate"] == 32 / (43 + 42)
 
 
+def test_requests_joining_in_one_step_reuse_the_prefix_the_first_one_just_wrote():
+    m = model()
+    system = list(range(40))
+    engine = Engine(m, 4)
+    for tail in range(4):
+        engine.submit(system + [50 + tail], 4)
+    results = engine.run()
+    assert [r.cached_tokens for r in results] == [0, 32, 32, 32]
+    assert engine.peak_blocks == 3 + 3 * 1      # the first request's 3 blocks, then 1 own block each
+    assert all(r.tokens == solo(m, system + [50 + i], 4) for i, r in enumerate(results))
+
+
 def test_the_cached_blocks_are_really_read():
     """Corrupt the cached prefix: the next request that reuses it must change (the cache is not decoration)."""
     m = model()

@@ -141,9 +141,11 @@ class Engine:
             self._t0 = time.perf_counter()
             self.finished, self.timeline = [], []
         done = self._arrive(self.clock())
-        joining, decode = self.scheduler.schedule(self.clock())
-        for seq in joining:
-            done += self._forward([seq])
+        decode = self.scheduler.schedule(self.clock())
+        now, joined = self.clock(), 0
+        while (seq := self.scheduler.admit(now)) is not None:
+            done += self._forward([seq])          # prefill: the next admission can reuse its blocks
+            joined += 1
         if decode:
             done += self._forward(decode)
         self.steps += 1
@@ -154,7 +156,7 @@ class Engine:
         self.finished += done
         if not self.busy:
             self.wall_s, self._t0 = now, None
-        elif not (joining or decode or done) and not self.scheduler.running and self.scheduler.waiting:
+        elif not (joined or decode or done) and not self.scheduler.running and self.scheduler.waiting:
             raise RuntimeError("the scheduler could not admit any waiting request into an empty batch; "
                                "this is a bug in labutils.serving")
         return done

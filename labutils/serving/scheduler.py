@@ -27,31 +27,19 @@ class Scheduler:
         self.running: list[Sequence] = []          # in the order they joined: the newest is last
         self.preemptions = 0
         self.preempted_now = False                 # did the last schedule() have to preempt?
+        self._forming = True
         self.prompt_tokens = 0                     # tokens looked up in the prefix cache at admission
         self.cached_tokens = 0                     # ... and found there
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
-    def schedule(self, now: float) -> tuple[list[Sequence], list[Sequence]]:
-        """(requests to prefill now, requests to decode one token) for the next step.
+    def schedule(self, now: float) -> list[Sequence]:
+        """The running batch for this step's decode, each given room for one more position.
 
-        The decode list is the batch that was already running, each given room for one more
-        position (preempting the newest when blocks run out). New requests join only if nobody
-        had to be preempted, so a request just pushed out does not bounce straight back.
+        When blocks run out the newest running request is preempted; then no new request joins
+        in this step (admit() says None), so a request just pushed out does not bounce straight back.
         """
-        decode = self._make_room(now)
-        return ([] if self.preempted_now else self._admit(now)), decode
-
-    def finish(self, seq: Sequence, now: float) -> None:
-        self.blocks.free(seq.table)
-        seq.table = []
-        self.running.remove(seq)
-        seq.spans.append((seq.joined_s, now))
-
-    # -- internals ---------------------------------------------------------------------------------
-
-    def _make_room(self, now: float) -> list[Sequence]:
         self.preempted_now = False
         ready = []
         for seq in list(self.running):             # oldest first: they keep their blocks
@@ -64,7 +52,40 @@ class Scheduler:
                     break
             else:
                 ready.append(seq)
+        self._forming = not self.running           # static mode: a new batch forms only from empty
         return ready
+
+    def admit(self, now: float) -> Sequence | None:
+        """The head of the queue, joining the batch with its blocks, or None if it cannot join now.
+
+        One at a time: the engine prefills each newcomer before admitting the next, so a request
+        behind it finds the prefix blocks it has just written.
+        """
+        if self.preempted_now or not self.waiting or len(self.running) >= self.max_batch_size:
+            return None
+        if self.mode == "static" and not self._forming:
+            return None                            # static: the batch is closed until all of it finished
+        seq = self.waiting[0]
+        alloc = self.blocks.allocate(seq.tokens)
+        if alloc is None:
+            return None                            # first come, first served: nobody overtakes the head
+        self.waiting.popleft()
+        seq.table, seq.keys, seq.n_computed = alloc.table, alloc.keys, alloc.cached_tokens
+        if not seq.generated:                      # count each prompt once, not again after a preemption
+            seq.cached_tokens = alloc.cached_tokens
+            self.prompt_tokens += len(seq.prompt)
+            self.cached_tokens += alloc.cached_tokens
+        seq.joined_s = now
+        self.running.append(seq)
+        return seq
+
+    def finish(self, seq: Sequence, now: float) -> None:
+        self.blocks.free(seq.table)
+        seq.table = []
+        self.running.remove(seq)
+        seq.spans.append((seq.joined_s, now))
+
+    # -- internals ---------------------------------------------------------------------------------
 
     def _preempt(self, seq: Sequence, now: float) -> None:
         self.blocks.free(seq.table)
@@ -75,26 +96,6 @@ class Scheduler:
         self.running.remove(seq)
         seq.spans.append((seq.joined_s, now))
         self.waiting.appendleft(seq)
-
-    def _admit(self, now: float) -> list[Sequence]:
-        if self.mode == "static" and self.running:
-            return []
-        joined = []
-        while self.waiting and len(self.running) < self.max_batch_size:
-            seq = self.waiting[0]
-            alloc = self.blocks.allocate(seq.tokens)
-            if alloc is None:
-                break                              # first come, first served: nobody overtakes the head
-            self.waiting.popleft()
-            seq.table, seq.keys, seq.n_computed = alloc.table, alloc.keys, alloc.cached_tokens
-            if not seq.generated:                  # count each prompt once, not again after a preemption
-                seq.cached_tokens = alloc.cached_tokens
-                self.prompt_tokens += len(seq.prompt)
-                self.cached_tokens += alloc.cached_tokens
-            seq.joined_s = now
-            self.running.append(seq)
-            joined.append(seq)
-        return joined
 
 
 __all__ = ["MODES", "Scheduler"]
