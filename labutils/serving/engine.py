@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import numbers
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -13,7 +14,7 @@ from .blocks import BlockManager
 from .paged_cache import PagedKVCache
 from .scheduler import MODES, Scheduler
 from .sequence import Sequence
-from .workload import RequestResult, Workload
+from .workload import RequestResult, Summary, Workload, summarize
 
 
 class Engine:
@@ -227,4 +228,22 @@ def run_workload(engine: Engine, workload: Workload) -> tuple[list[RequestResult
     return results, engine.wall_s
 
 
-__all__ = ["Engine", "run_workload"]
+@dataclass
+class Served:
+    """One workload served by a fresh Engine: every result, its summary and what the engine did."""
+
+    results: list[RequestResult]
+    wall_s: float
+    summary: Summary
+    stats: dict
+    timeline: list[dict]
+
+
+def serve(model, workload: Workload, max_batch_size: int, *, slo=None, **engine_options) -> Served:
+    """Serve `workload` on a new Engine(model, max_batch_size, **engine_options): the lessons' and the dashboard's one call."""
+    engine = Engine(model, max_batch_size, **engine_options)
+    results, wall_s = run_workload(engine, workload)
+    return Served(results, wall_s, summarize(results, wall_s, slo), engine.stats, engine.timeline)
+
+
+__all__ = ["Engine", "Served", "run_workload", "serve"]
