@@ -153,6 +153,14 @@ def test_results_come_back_in_workload_order_whatever_the_arrival_order(server):
     assert late.tokens == fake_tokens([40], 2) and early.tokens == fake_tokens([41], 2)
 
 
+def test_a_workload_object_with_requests_drives_the_client(server):
+    class Workload:
+        requests = [Request((70,), 3), Request((71,), 2, arrival_s=0.05)]
+
+    a, b = OpenAIClient(server).run(Workload())
+    assert a.tokens == fake_tokens([70], 3) and b.tokens == fake_tokens([71], 2)
+
+
 def test_an_unreachable_server_is_named():
     url = f"http://127.0.0.1:{free_port()}"
     client = OpenAIClient(url)

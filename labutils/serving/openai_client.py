@@ -182,13 +182,17 @@ class OpenAIClient:
     def run(self, requests: Iterable, *, max_concurrency: int = 8) -> list[StreamResult]:
         """Send each request at its arrival_s, at most max_concurrency in flight; results in workload order.
 
+        `requests` is a list of Request (or objects or dicts with prompt_ids, max_new_tokens and
+        optionally arrival_s and id), or a workload object whose .requests is such a list.
+
         A request that finds every slot busy waits, and that wait is part of its TTFT. A request the
         server fails (an HTTP error, an error event, a dropped stream) comes back with
         finish_reason "error" and the error text; the others go on.
         """
         if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
             raise ValueError(f"max_concurrency must be an int >= 1, got {max_concurrency!r}")
-        reqs = [as_request(r, i) for i, r in enumerate(requests)]
+        # A workload object that holds its requests (labutils.serving's) drives the client as it drives the engine.
+        reqs = [as_request(r, i) for i, r in enumerate(getattr(requests, "requests", requests))]
         self._model()                         # unreachable server: fail now, naming the URL
         results: list[StreamResult | None] = [None] * len(reqs)
         with ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="openai-client") as pool:
