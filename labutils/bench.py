@@ -220,16 +220,17 @@ def engine_vs_vllm(s: BenchSettings) -> BenchRow:
         return BenchRow(name, math.nan, target, "", why, status="SKIP")
     model = bench_model(s.preset, "cpu")
     requests = vllm_row_workload(model.config)
-    threads = torch.get_num_threads()
-    setup = (f"{s.preset} shape, random fp32, cpu, {threads} threads each side; {len(requests)} seeded requests at "
+    setup = (f"{s.preset} shape, random fp32, cpu; {len(requests)} seeded requests at "
              f"t=0, prompts {min(len(r.prompt_ids) for r in requests)}-{max(len(r.prompt_ids) for r in requests)} "
              f"tokens, outputs {min(r.max_new_tokens for r in requests)}-{max(r.max_new_tokens for r in requests)}; "
-             "engine side: generate() one request at a time (until labutils.serving.engine lands); "
-             "vLLM: every request in flight")
+             f"engine side: generate() one request at a time (until labutils.serving.engine lands), "
+             f"{torch.get_num_threads()} torch threads; vLLM: every request in flight, prefix caching off, "
+             "its own CPU thread binding")
     with tempfile.TemporaryDirectory(prefix="bench-vllm-") as folder:
         save_hf_gpt2(model, folder)
+        # Every round sends the same prompts: without this, vLLM would serve later rounds from its prefix cache.
         with vllm_server.VLLMServer(folder, max_model_len=model.config.context_length, python=python,
-                                    threads=threads) as server:
+                                    extra_args=("--no-enable-prefix-caching",)) as server:
             return engine_vs_server(model, OpenAIClient(server.url), requests, s, setup)
 
 
