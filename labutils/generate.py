@@ -116,17 +116,12 @@ def as_batch(ids, device) -> torch.Tensor:
     return ids.to(device=device, dtype=torch.long)
 
 
-@torch.inference_mode()
-def generate(model, ids, max_new_tokens: int, *, use_cache: bool = True, temperature: float = 0.0,
-             top_k: int | None = None, top_p: float | None = None, seed: int | None = None) -> GenerationResult:
-    """Prefill, then decode until max_new_tokens. With use_cache=False every step recomputes the
-    whole sequence: the baseline that shows what the cache saves."""
-    t0 = time.perf_counter()   # the request starts now: validation and cache allocation count toward TTFT
-    device = next(model.parameters()).device
-    ids = as_batch(ids, device)
+def check_request(model, ids, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
+                  top_p: float | None = None) -> torch.Tensor:
+    """Refuse a request that cannot run, before any forward pass; returns ids as [batch, T] on the model's device."""
+    ids = as_batch(ids, next(model.parameters()).device)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
         raise TypeError(f"max_new_tokens must be an int, got {type(max_new_tokens).__name__} {max_new_tokens!r}")
-    max_new_tokens = int(max_new_tokens)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     check_sampling(temperature, top_k, top_p)
@@ -135,6 +130,18 @@ def generate(model, ids, max_new_tokens: int, *, use_cache: bool = True, tempera
         raise ValueError(f"prompt ({T}) + max_new_tokens ({max_new_tokens}) = {T + max_new_tokens} tokens "
                          f"exceed the context length {ctx}; shorten one of them")
     model.check_ids(ids)
+    return ids
+
+
+@torch.inference_mode()
+def generate(model, ids, max_new_tokens: int, *, use_cache: bool = True, temperature: float = 0.0,
+             top_k: int | None = None, top_p: float | None = None, seed: int | None = None) -> GenerationResult:
+    """Prefill, then decode until max_new_tokens. With use_cache=False every step recomputes the
+    whole sequence: the baseline that shows what the cache saves."""
+    t0 = time.perf_counter()   # the request starts now: validation and cache allocation count toward TTFT
+    device = next(model.parameters()).device
+    ids = check_request(model, ids, max_new_tokens, temperature, top_k, top_p)
+    T, max_new_tokens = ids.shape[1], int(max_new_tokens)
     generator = None
     if seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)

@@ -9,25 +9,11 @@ import torch
 from .validate import check_count
 
 
-class KVCache:
-    """Preallocated keys and values for every layer: [n_layer, batch, n_kv_head, max_len, head_dim].
+class KVBuffers:
+    """What every cache with k and v buffers [n_layer, batch, n_kv_head, max_len, head_dim] shares."""
 
-    Static shapes, written in place: nothing is allocated while decoding, which is what later
-    makes CUDA graphs possible. `pos` counts the positions already written.
-    """
-
-    def __init__(self, config, batch_size: int = 1, max_len: int | None = None,
-                 device=None, dtype=torch.float32):
-        max_len = config.context_length if max_len is None else max_len
-        if not isinstance(max_len, int) or not 1 <= max_len <= config.context_length:
-            raise ValueError(f"max_len={max_len} must be between 1 and the context length {config.context_length}")
-        check_count("batch_size", batch_size, 1)
-        shape = (config.n_layer, batch_size, config.n_kv_head, max_len, config.head_dim)
-        # empty, not zeros: attention only ever reads positions < pos, which have been written.
-        self.k = torch.empty(shape, device=device, dtype=dtype)
-        self.v = torch.empty(shape, device=device, dtype=dtype)
-        self.batch_size, self.max_len = batch_size, max_len
-        self.pos = 0
+    k: torch.Tensor
+    v: torch.Tensor
 
     @property
     def nbytes(self) -> int:
@@ -44,8 +30,34 @@ class KVCache:
 
     def __repr__(self) -> str:
         n_layer, B, n_kv, L, hd = self.k.shape
-        return (f"KVCache(n_layer={n_layer}, batch_size={B}, n_kv_head={n_kv}, max_len={L}, head_dim={hd}, "
-                f"pos={self.pos}, dtype={self.dtype}, nbytes={self.nbytes:,})")
+        # A position kept on the device is not printed: reading it would be a host sync.
+        pos = f"pos={self.pos}, " if isinstance(self.pos, int) else ""
+        return (f"{type(self).__name__}(n_layer={n_layer}, batch_size={B}, n_kv_head={n_kv}, max_len={L}, "
+                f"head_dim={hd}, {pos}dtype={self.dtype}, nbytes={self.nbytes:,})")
+
+
+class KVCache(KVBuffers):
+    """Preallocated keys and values for every layer: [n_layer, batch, n_kv_head, max_len, head_dim].
+
+    Static shapes, written in place: nothing is allocated while decoding, which is what later
+    makes CUDA graphs possible. `pos` counts the positions already written.
+    """
+
+    # update() hands back only the written prefix, so attention masks by offset (cache.pos), not by a mask.
+    mask = None
+
+    def __init__(self, config, batch_size: int = 1, max_len: int | None = None,
+                 device=None, dtype=torch.float32):
+        max_len = config.context_length if max_len is None else max_len
+        if not isinstance(max_len, int) or not 1 <= max_len <= config.context_length:
+            raise ValueError(f"max_len={max_len} must be between 1 and the context length {config.context_length}")
+        check_count("batch_size", batch_size, 1)
+        shape = (config.n_layer, batch_size, config.n_kv_head, max_len, config.head_dim)
+        # empty, not zeros: attention only ever reads positions < pos, which have been written.
+        self.k = torch.empty(shape, device=device, dtype=dtype)
+        self.v = torch.empty(shape, device=device, dtype=dtype)
+        self.batch_size, self.max_len = batch_size, max_len
+        self.pos = 0
 
     def clone(self) -> "KVCache":
         """An independent copy (buffers and position), e.g. to try a step without touching this cache."""
@@ -60,6 +72,10 @@ class KVCache:
         if self.pos + n_new > self.max_len:
             raise ValueError(f"cache holds {self.max_len} positions; {self.pos} used, {n_new} more do not fit. "
                              "Make a larger KVCache (max_len) or reset() it")
+
+    def begin(self, n_new: int) -> torch.Tensor:
+        """Called once per forward, before any layer: the absolute positions [n_new] of the new tokens."""
+        return torch.arange(self.pos, self.pos + n_new, device=self.device)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Write this step's keys/values at [pos, pos+T) and return all of them so far."""
@@ -82,4 +98,4 @@ class KVCache:
         self.pos = 0
 
 
-__all__ = ["KVCache"]
+__all__ = ["KVBuffers", "KVCache"]

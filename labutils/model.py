@@ -92,11 +92,14 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        q_offset = 0
+        q_offset, mask = 0, None
         if cache is not None:
-            q_offset = cache.pos
+            # KVCache returns the written prefix (mask None: causal by offset); a static cache returns
+            # its whole buffer and the mask of the keys written so far (labutils.static_cache).
+            mask = cache.mask
+            q_offset = cache.pos if mask is None else 0
             k, v = cache.update(self.layer_idx, k, v)   # now every key and value so far
-        y = attention(q, k, v, q_offset=q_offset, impl=self.impl)
+        y = attention(q, k, v, q_offset=q_offset, impl=self.impl, mask=mask)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
 
@@ -191,19 +194,25 @@ class GPT(nn.Module):
     def forward(self, ids: torch.Tensor, cache=None, *, check: bool = True, last_only: bool = False) -> torch.Tensor:
         """ids [batch, seq] -> logits [batch, seq, vocab]. With a cache, ids continue from cache.pos.
 
+        A cache is anything with begin(n) -> positions, update(layer, k, v) -> (keys, values), a
+        `mask` (None, or [n, keys] bool), advance(n), pos and check_fits: kvcache.KVCache and
+        static_cache.StaticKVCache both are.
+
         `check=False` skips input validation (a host sync); decode_step feeds the model's own
         argmax, which is always in range. `last_only=True` returns logits for the last position
         only ([batch, 1, vocab]): generation needs nothing else, and for a long prompt the output
         layer over every position is a large share of prefill's FLOPs and a [T, vocab] tensor.
         Training keeps every position.
         """
-        start = cache.pos if cache is not None else 0
         if check:
-            self.check_ids(ids, start)
+            # int(): a static cache keeps pos on the device; reading it is a host sync, like check_ids.
+            self.check_ids(ids, int(cache.pos) if cache is not None else 0)
             if cache is not None:
                 cache.check_fits(ids.shape[0], ids.shape[1])
         T = ids.shape[1]
-        pos = torch.arange(start, start + T, device=ids.device)
+        # The cache says where the new tokens sit: a Python int for KVCache, a device tensor for a
+        # static cache (so a captured CUDA graph reads the position instead of baking it in).
+        pos = torch.arange(T, device=ids.device) if cache is None else cache.begin(T)
         x = self.tok_emb(ids) + self.pos_emb(pos)
         for block in self.blocks:
             x = block(x, cache)

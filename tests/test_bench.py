@@ -42,7 +42,7 @@ def test_int8_row_measures_int8_against_fp32_and_bf16():
     row = bench.int8_vs_16_32(bench.BenchSettings(quick=True, rounds=1))
     assert row.target == "> 1" and row.status in ("PASS", "FAIL")
     assert math.isfinite(row.ratio) and row.ratio > 0
-    for name in ("fp32", "bfloat16", "int8"):
+    for name in ("fp32", "bf16", "int8"):
         assert f"{name} " in row.detail and " ms" in row.detail
     assert "batch 1" in row.setup and "16-token prompt" in row.setup
 
@@ -67,6 +67,27 @@ def test_only_filters_rows_and_rejects_unknown(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--quick", "--only", "no_such_row"])
     assert "no row matches" in capsys.readouterr().err
+
+
+def test_fast_loop_rows_run_on_quick_settings():
+    s = bench.BenchSettings(quick=True, rounds=1)
+    for fn in (bench.fast_vs_hf_tiny, bench.fast_vs_hf_gpt2_small, bench.decode_bandwidth, bench.prefill_throughput):
+        assert fn in bench.ROWS
+        row = fn(s)
+        assert row.status in ("PASS", "FAIL") and math.isfinite(row.ratio) and row.ratio > 0, row
+        assert "cpu" in row.setup and "median of 1" in row.detail
+    assert "greedy tokens checked equal" in bench.fast_vs_hf_tiny(s).setup
+
+
+def test_hf_rows_refuse_to_time_models_that_disagree():
+    s = bench.BenchSettings(quick=True, rounds=1)
+    hf, ours = bench.hf_pair("tiny", s)
+    ids = torch.randint(0, ours.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
+    bench.check_same_greedy_tokens(hf, ours, ids, 6)            # the same weights: no complaint
+    with torch.no_grad():
+        ours.blocks[0].mlp.fc.weight.mul_(-3.0)                 # now they compute different things
+    with pytest.raises(AssertionError, match="disagree from step"):
+        bench.check_same_greedy_tokens(hf, ours, ids, 6)
 
 
 def test_the_vllm_row_skips_with_a_reason_where_it_cannot_run(monkeypatch):
