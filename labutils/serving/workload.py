@@ -22,11 +22,16 @@ COMPLETED = ("stop", "length")     # finish reasons of a request that produced i
 
 @dataclass(frozen=True)
 class Request:
-    """One request: the arguments of Engine.submit (arrival_s in seconds after the workload starts)."""
+    """One request, for the course's Engine (its submit() arguments) and for a server client alike.
+
+    arrival_s counts seconds after the workload starts. id None means its index in the workload.
+    eos_id: the token that ends the answer early (the engine's; the client runs to max_new_tokens).
+    """
 
     prompt_ids: tuple[int, ...]
     max_new_tokens: int
     arrival_s: float = 0.0
+    id: int | None = None
     eos_id: int | None = None
 
 
@@ -81,7 +86,7 @@ def make_workload(n_requests: int, *, vocab_size: int, prompt_len=(16, 64), outp
     o_lens = rng.integers(o_lo, o_hi + 1, n_requests)
     gaps = rng.exponential(1.0 / rate, n_requests) if rate is not None and math.isfinite(rate) else np.zeros(n_requests)
     arrivals = np.concatenate([[0.0], np.cumsum(gaps[:-1])])
-    requests = tuple(Request(tuple(system + rng.integers(0, vocab_size, p).tolist()), int(o), float(a), eos_id)
+    requests = tuple(Request(tuple(system + rng.integers(0, vocab_size, p).tolist()), int(o), float(a), eos_id=eos_id)
                      for p, o, a in zip(p_lens, o_lens, arrivals))
     when = f"Poisson arrivals at {rate:g}/s" if rate is not None else "all at t=0"
     shared = f", a shared {system_prompt_len}-token system prompt" if system_prompt_len else ""
