@@ -152,8 +152,10 @@ class Engine:
         self.steps += 1
         self.peak_blocks = max(self.peak_blocks, self.blocks.used)
         now = self.clock()
-        self.timeline.append(dict(t=now, running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
-                                  blocks_used=self.blocks.used, blocks_cached=self.blocks.cached))
+        running = self.scheduler.running
+        self.timeline.append(dict(t=now, running=len(running), waiting=len(self.scheduler.waiting),
+                                  blocks_used=self.blocks.used, blocks_cached=self.blocks.cached,
+                                  kv_tokens=sum(s.n_computed for s in running)))   # positions really stored
         self.finished += done
         if not self.busy:
             self.wall_s, self._t0 = now, None
