@@ -1,4 +1,5 @@
 """The serving engine: batched greedy tokens equal solo generate(), the prefix cache is really used, scheduling, bad input."""
+import dataclasses
 import math
 import random
 import time
@@ -256,10 +257,14 @@ def test_step_by_step_and_a_second_workload_on_a_fresh_clock():
 def test_run_workload_drives_the_engine_with_a_workload():
     m = model()
     wl = make_workload(6, vocab_size=VOCAB, prompt_len=(4, 20), output_len=(2, 8), rate=500.0, seed=1)
-    results, wall_s = run_workload(Engine(m, 3), wl)
-    assert len(results) == 6 and wall_s > 0
-    for r, req in zip(results, wl):
-        assert r.arrival_s == req.arrival_s and r.tokens == solo(m, list(req.prompt_ids), req.max_new_tokens)
+    engine = Engine(m, 3)
+    for _ in range(2):                               # a second workload on the same engine numbers from 0 again
+        results, wall_s = run_workload(engine, wl)
+        assert [r.id for r in results] == list(range(6)) and wall_s > 0
+        for r, req in zip(results, wl):
+            assert r.arrival_s == req.arrival_s and r.tokens == solo(m, list(req.prompt_ids), req.max_new_tokens)
+    named = dataclasses.replace(wl, requests=tuple(dataclasses.replace(r, id=100 + i) for i, r in enumerate(wl)))
+    assert [r.id for r in run_workload(engine, named)[0]] == list(range(100, 106))
 
 
 def test_storage_grows_with_the_load_not_the_worst_case():
@@ -328,3 +333,15 @@ def test_a_tensor_prompt_is_accepted():
     engine.submit(torch.tensor([1, 2, 3]), 3)
     (r,) = engine.run()
     assert r.tokens == solo(model(), [1, 2, 3], 3)
+
+
+@pytest.mark.gpu
+def test_gpu_engine_gives_the_solo_tokens():
+    m = model(2, False, 1).float().cuda()
+    prompts = [list(range(i, i + 5 + 3 * i)) for i in range(4)]
+    engine = Engine(m, 4, block_size=4)
+    for p in prompts:
+        engine.submit(p, 30)
+    results = engine.run()
+    assert engine.cache.k.device.type == "cuda" and max_batch_seen(engine) == 4
+    assert [r.tokens for r in results] == [solo(m, p, 30) for p in prompts]

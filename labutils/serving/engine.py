@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from ..fastgen import pick_token
+from ..roofline import kv_bytes_per_token
 from ..validate import check_count
 from .blocks import BlockManager
 from .paged_cache import PagedKVCache
@@ -50,7 +51,7 @@ class Engine:
         self.device, self.dtype = param.device, model.tok_emb.weight.dtype
         self.max_batch_size, self.block_size, self.mode = max_batch_size, block_size, mode
         per_request = -(-self.config.context_length // block_size)     # blocks of one full-context request
-        block_bytes = PagedKVCache(self.config, block_size, 1, self.device, self.dtype).block_bytes
+        block_bytes = kv_bytes_per_token(self.config, self.dtype) * block_size
         budget = max_batch_size * per_request if kv_budget_bytes is None else kv_budget_bytes // block_bytes
         n_blocks = max(budget, per_request)
         self.blocks = BlockManager(n_blocks, block_size, prefix_caching=prefix_caching, budget_blocks=budget)
@@ -219,14 +220,19 @@ class Engine:
 
 
 def run_workload(engine: Engine, workload: Workload) -> tuple[list[RequestResult], float]:
-    """Submit every request of `workload`, run them, return (results by id, wall seconds)."""
+    """Submit every request of `workload`, run them, return (results in workload order, wall seconds).
+
+    Each result's id is its request's id, or its index in the workload, as a server client numbers them.
+    """
     if not isinstance(workload, Workload):
         raise TypeError(f"workload must be a serving.workload.Workload, got {type(workload).__name__}")
     if engine.busy:
         raise RuntimeError("the engine is still serving an earlier workload; call run() first")
-    for r in workload:
-        engine.submit(r.prompt_ids, r.max_new_tokens, r.arrival_s, r.eos_id)
-    results = engine.run()
+    ids = [engine.submit(r.prompt_ids, r.max_new_tokens, r.arrival_s, r.eos_id) for r in workload]
+    by_id = {r.id: r for r in engine.run()}
+    results = [by_id[i] for i in ids]
+    for index, (r, req) in enumerate(zip(results, workload)):
+        r.id = index if req.id is None else req.id
     return results, engine.wall_s
 
 
