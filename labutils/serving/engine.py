@@ -30,8 +30,8 @@ class Engine:
     kv_budget_bytes bounds the paged KV cache: blocks held by running requests plus blocks kept
     for prefix reuse. None gives room for max_batch_size requests at the full context, so nothing
     is ever preempted. When running requests need more, the newest is preempted and recomputed
-    later. A budget below one full-context request (0 included) still serves every request, with
-    its blocks, but keeps nothing cached.
+    later. A budget below one full-context request still serves every request: the pool always
+    holds one such request, beyond the budget. A budget of 0 caches nothing.
     """
 
     def __init__(self, model, max_batch_size: int, *, block_size: int = 16, prefix_caching: bool = True,
@@ -59,7 +59,7 @@ class Engine:
         self.scheduler = Scheduler(self.blocks, max_batch_size, mode)
         self.finished: list[RequestResult] = []     # results of the current (or last) workload
         self.timeline: list[dict] = []              # one row per step: time, batch, queue, blocks
-        self.wall_s = 0.0                           # the last workload's duration: start to last token
+        self.wall_s = 0.0                           # the last workload's duration: start to the end of its last step
         self._pending: list[Sequence] = []          # submitted, not arrived yet
         self._rejected: dict[int, str] = {}
         self._next_id = 0
