@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from labutils.generate import generate
 from labutils.serving import blocks as blocks_mod
+from labutils.serving import engine as engine_mod
 from labutils.serving.engine import Engine, run_workload
 from labutils.serving.workload import make_workload
 
@@ -77,11 +78,47 @@ def test_requests_really_decode_side_by_side_at_their_own_positions():
         results = engine.run()
     finally:
         handle.remove()
-    assert (4, 1) in shapes                               # a decode forward with 4 rows ...
-    assert sorted(s for s in shapes if s[0] == 1) == sorted((1, len(p)) for p in prompts)   # ... 4 prefills
+    assert shapes[0] == (4, 20)                           # one prefill for all four, padded to the longest ...
+    assert set(shapes[1:]) == {(4, 1)}                    # ... then decode steps with 4 rows
     for r, p in zip(results, prompts):
         assert r.tokens == solo(m, p, 40)
         assert len(set(r.tokens)) >= 8, f"random model degenerated to {r.tokens}"
+
+
+def test_a_padded_prefill_row_leaves_its_cached_prefix_alone():
+    """A short row (its prefix cached) prefilled beside a long one is padded on the left; the padding
+    must write to the scratch block, never into the row's blocks or the shared prefix."""
+    m = model()
+    system = [(5 * i) % VOCAB for i in range(40)]
+    engine = Engine(m, 4)
+    engine.submit(system + [1], 3)
+    engine.run()
+    shapes, handle = count_forwards(m)
+    for p in (system + [2], list(range(50, 80)), system + [3]):
+        engine.submit(p, 12)
+    try:
+        results = engine.run()
+    finally:
+        handle.remove()
+    assert shapes[0] == (3, 30) and [r.cached_tokens for r in results] == [32, 0, 32]
+    assert [r.tokens for r in results] == [solo(m, p, 12) for p in (system + [2], list(range(50, 80)), system + [3])]
+    assert engine.cache.blocks_allocated >= engine.blocks.high_water     # no table points at the scratch block
+
+
+def test_a_prefill_too_big_for_one_forward_is_split(monkeypatch):
+    monkeypatch.setattr(engine_mod, "MAX_PREFILL_TOKENS", 40)
+    m = model()
+    prompts = [list(range(i, i + 15)) for i in range(5)]
+    shapes, handle = count_forwards(m)
+    engine = Engine(m, 5)
+    for p in prompts:
+        engine.submit(p, 6)
+    try:
+        results = engine.run()
+    finally:
+        handle.remove()
+    assert shapes[:3] == [(2, 15), (2, 15), (1, 15)]          # at most 40 padded tokens per prefill
+    assert [r.tokens for r in results] == [solo(m, p, 6) for p in prompts]
 
 
 def test_preemption_by_recompute_keeps_the_tokens():
@@ -273,7 +310,7 @@ def test_storage_grows_with_the_load_not_the_worst_case():
     engine.submit([1, 2, 3], 4)
     engine.run()
     stats = engine.stats
-    assert stats["kv_bytes_allocated"] == stats["block_bytes"] * engine.cache.blocks_allocated
+    assert stats["kv_bytes_allocated"] == stats["block_bytes"] * (engine.cache.blocks_allocated + 1)   # + scratch
     assert engine.cache.blocks_allocated < stats["n_blocks"] == 8 * math.ceil(CTX / 16)
 
 

@@ -18,12 +18,16 @@ from .sequence import Sequence
 from .workload import RequestResult, Summary, Workload, summarize
 
 
+# Padded tokens (rows x longest row) one batched prefill may feed: bounds its activations and attention scores.
+MAX_PREFILL_TOKENS = 8192
+
+
 class Engine:
     """Serve many requests with one model: Engine(model, max_batch_size).submit(...) ... .run().
 
-    Each step() prefills the requests that join (one forward each, reusing cached prefix blocks)
-    and then decodes one token for every request already running, in one batched forward whose
-    rows sit at different positions. Decoding is greedy, so a request's tokens are those of its
+    Each step() prefills the requests that join (together, in one padded forward, reusing cached
+    prefix blocks) and then decodes one token for every request already running, in one batched
+    forward whose rows sit at different positions. Decoding is greedy, so a request's tokens are those of its
     solo generate() run. Times are seconds on the real clock since the workload started: the
     first step() after the engine was idle (run() starts with one).
 
@@ -144,10 +148,19 @@ class Engine:
             self.finished, self.timeline = [], []
         done = self._arrive(self.clock())
         decode = self.scheduler.schedule(self.clock())
-        now, joined = self.clock(), 0
-        while (seq := self.scheduler.admit(now)) is not None:
-            done += self._forward([seq])          # prefill: the next admission can reuse its blocks
+        now, group, joined = self.clock(), [], 0
+        while self.scheduler.waiting:
+            head = self.scheduler.waiting[0]
+            if group and self._must_wait_for(head, group):
+                done += self._forward(group)      # prefill the group first, so head finds its blocks
+                group = []
+            seq = self.scheduler.admit(now)
+            if seq is None:
+                break
+            group.append(seq)
             joined += 1
+        if group:
+            done += self._forward(group)          # the newcomers' prompts, in one batched prefill
         if decode:
             done += self._forward(decode)
         self.steps += 1
@@ -186,17 +199,33 @@ class Engine:
                 self.scheduler.add(seq)
         return rejected
 
+    def _must_wait_for(self, head: Sequence, group: list[Sequence]) -> bool:
+        """Should `head` wait until `group` is prefilled? When the padded batch would grow too big, or
+        when a member is about to write a block of head's prefix: blocks are keyed only once written."""
+        width = max(len(head.tokens), *(len(s.tokens) - s.n_computed for s in group))
+        if width * (len(group) + 1) > MAX_PREFILL_TOKENS:
+            return True
+        if not self.blocks.prefix_caching:
+            return False
+        for s in group:
+            end = (s.n_computed // self.block_size + 1) * self.block_size   # the first block s writes itself
+            if len(s.tokens) >= end and len(head.tokens) > end and head.tokens[:end] == s.tokens[:end]:
+                return True
+        return False
+
     def _forward(self, seqs: list[Sequence]) -> list[RequestResult]:
-        """Feed each sequence's uncomputed tokens (the same count for every row), append the next token."""
-        n = len(seqs[0].tokens) - seqs[0].n_computed
+        """Feed each sequence's uncomputed tokens in one forward (shorter rows padded on the left), append the next token."""
+        counts = [len(s.tokens) - s.n_computed for s in seqs]
+        width = max(counts)
         self.cache.ensure(self.blocks.high_water)
-        ids = torch.tensor([s.tokens[s.n_computed:] for s in seqs], device=self.device)
-        view = self.cache.batch([s.table for s in seqs], [s.n_computed for s in seqs], n)
+        ids = torch.tensor([[0] * (width - n) + s.tokens[s.n_computed:] for s, n in zip(seqs, counts)],
+                           device=self.device)
+        view = self.cache.batch([s.table for s in seqs], [s.n_computed for s in seqs], counts)
         logits = self.model(ids, view, check=False, last_only=True)[:, -1]
         tokens = pick_token(logits, None).tolist()        # greedy; tolist() waits for the device
         now = self.clock()
         done = []
-        for seq, tok in zip(seqs, tokens):
+        for seq, tok, n in zip(seqs, tokens, counts):
             seq.n_computed += n
             self.blocks.commit(seq.table, seq.keys, seq.tokens, seq.n_computed)
             seq.generated.append(tok)
