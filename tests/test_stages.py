@@ -140,3 +140,25 @@ def test_profile_splits_wall_time_into_ops_and_the_time_between_them():
     assert len(lines) == 4 and lines[0].split()[0] == "op"
     fig = stages.profile_figure(prof)
     assert "between ops" in list(fig.data[0].y)
+
+
+# --- on a GPU (make gpu-check) ------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_gpu_ladder_captures_the_graph_and_keeps_the_tokens():
+    model = fp32_model(8).cuda()
+    ids = prompt(1, 6, 8)
+    runs = time_ladder(model, ids, 24, rounds=1, bandwidth_Bps=1e12)
+    assert runs["graph"].mode == "graph" and runs["graph"].fallback is None and runs["graph"].setup_s > 0
+    want = generate(model, ids, 24).tokens
+    assert all(torch.equal(r.tokens, want) for r in runs.values())
+
+
+@pytest.mark.gpu
+def test_gpu_profile_sees_launches_and_device_time():
+    model = fp32_model(9).cuda()
+    ids = prompt(1, 6, 9).cuda()
+    prof = profile_ops(lambda: generate(model, ids, 4), "cuda")
+    assert prof.groups["kernel launches"] > 0
+    assert prof.device_busy_s is not None and 0 < prof.device_busy_s < prof.wall_s
+    assert "GPU busy" in list(stages.profile_figure(prof).data[1].y)
