@@ -9,7 +9,34 @@ import torch
 from .validate import check_count
 
 
-class KVCache:
+class KVBuffers:
+    """What every cache with k and v buffers [n_layer, batch, n_kv_head, max_len, head_dim] shares."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of both buffers: roofline.kv_cache_bytes(config, max_len, batch_size, dtype)."""
+        return self.k.nbytes + self.v.nbytes
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.k.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.k.device
+
+    def __repr__(self) -> str:
+        n_layer, B, n_kv, L, hd = self.k.shape
+        # A position kept on the device is not printed: reading it would be a host sync.
+        pos = f"pos={self.pos}, " if isinstance(self.pos, int) else ""
+        return (f"{type(self).__name__}(n_layer={n_layer}, batch_size={B}, n_kv_head={n_kv}, max_len={L}, "
+                f"head_dim={hd}, {pos}dtype={self.dtype}, nbytes={self.nbytes:,})")
+
+
+class KVCache(KVBuffers):
     """Preallocated keys and values for every layer: [n_layer, batch, n_kv_head, max_len, head_dim].
 
     Static shapes, written in place: nothing is allocated while decoding, which is what later
@@ -31,24 +58,6 @@ class KVCache:
         self.v = torch.empty(shape, device=device, dtype=dtype)
         self.batch_size, self.max_len = batch_size, max_len
         self.pos = 0
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of both buffers: roofline.kv_cache_bytes(config, max_len, batch_size, dtype)."""
-        return self.k.nbytes + self.v.nbytes
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.k.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.k.device
-
-    def __repr__(self) -> str:
-        n_layer, B, n_kv, L, hd = self.k.shape
-        return (f"KVCache(n_layer={n_layer}, batch_size={B}, n_kv_head={n_kv}, max_len={L}, head_dim={hd}, "
-                f"pos={self.pos}, dtype={self.dtype}, nbytes={self.nbytes:,})")
 
     def clone(self) -> "KVCache":
         """An independent copy (buffers and position), e.g. to try a step without touching this cache."""
@@ -89,4 +98,4 @@ class KVCache:
         self.pos = 0
 
 
-__all__ = ["KVCache"]
+__all__ = ["KVBuffers", "KVCache"]

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import torch
 
+from .kvcache import KVBuffers
 from .roofline import kv_cache_bytes
 from .validate import check_count
 
 
-class StaticKVCache:
+class StaticKVCache(KVBuffers):
     """Keys and values for every layer, [n_layer, batch, n_kv_head, max_len, head_dim], plus `pos` on the device.
 
     Lesson 06's KVCache keeps `pos` as a Python int and hands attention a slice that grows every
@@ -45,23 +46,6 @@ class StaticKVCache:
         self.batch_size, self.max_len = batch_size, max_len
         self.mask: torch.Tensor | None = None
         self._write_at: torch.Tensor | None = None
-
-    @property
-    def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.k.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.k.device
-
-    def __repr__(self) -> str:
-        n_layer, B, n_kv, L, hd = self.k.shape
-        return (f"StaticKVCache(n_layer={n_layer}, batch_size={B}, n_kv_head={n_kv}, max_len={L}, "
-                f"head_dim={hd}, dtype={self.dtype}, nbytes={self.nbytes:,})")
 
     def check_fits(self, batch_size: int, n_new: int) -> None:
         """Validation for GPT.forward(check=True). It reads `pos`, a host sync: never call it per token."""
