@@ -113,7 +113,7 @@ def ladder_figure(runs: dict[Hashable, StageRun], title: str = "TPOT against the
     missing = [str(k) for k, r in runs.items() if r.mbu is None]
     if missing:
         raise ValueError(f"runs {missing} have no MBU; time them with bandwidth_Bps=measured_peaks(...).bandwidth_Bps")
-    names = [f"{k}<br>({r.mode})" if isinstance(k, str) and r.mode != "eager" else str(k) for k, r in runs.items()]
+    names = [f"{k}<br>(ran {r.mode}: fallback)" if r.fallback else str(k) for k, r in runs.items()]
     fig = go.Figure(go.Bar(
         x=names, y=[100 * r.mbu for r in runs.values()],
         text=[f"TPOT {r.tpot_s * 1e3:.2f} ms" for r in runs.values()], textposition="outside",
