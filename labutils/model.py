@@ -1,4 +1,4 @@
-"""A GPT in one file: config with named presets, the blocks, the model, and checkpoint loading."""
+"""A GPT in one file: config with named presets, the blocks, the model, and checkpoints (course and GPT-2 format)."""
 from __future__ import annotations
 
 import dataclasses
@@ -325,6 +325,60 @@ def load_hf_gpt2(path: str | Path, device=None, dtype: torch.dtype = torch.float
                                  f"(n_embd={cfg.n_embd}, vocab_size={cfg.vocab_size}) needs {shape}")
             params[ours].copy_(w.t() if transpose else w)
     return model.to(device=device, dtype=dtype).eval()
+
+
+def save_hf_gpt2(model: GPT, path: str | Path, *, eos_token_id: int | None = None) -> Path:
+    """Write `model` as a Hugging Face GPT-2 folder (config.json + model.safetensors): load_hf_gpt2's inverse.
+
+    Any server that reads GPT2LMHeadModel folders (vLLM, SGLang, TGI, transformers) can then load the
+    course's own model. eos_token_id defaults to the last id, where GPT-2 and the course encoding
+    both keep <|endoftext|>. Returns the folder.
+    """
+    if not isinstance(model, GPT):
+        raise TypeError(f"save_hf_gpt2 takes a labutils GPT, got {type(model).__name__}")
+    cfg = model.config
+    unsupported = {"gated_mlp": (cfg.gated_mlp, False), "bias": (cfg.bias, True),
+                   "n_kv_head": (cfg.n_kv_head, cfg.n_head)}
+    for key, (value, gpt2) in unsupported.items():
+        if value != gpt2:
+            raise ValueError(f"config {key}={value!r} has no GPT-2 equivalent (GPT-2 has {key}={gpt2!r}); "
+                             "save_hf_gpt2 writes GPT-2-shaped models only")
+    params = dict(model.named_parameters())
+    names = _hf_gpt2_names(cfg)
+    missing = sorted({ours for ours, _, _ in names.values()} - params.keys())
+    if missing:
+        raise ValueError(f"the model has no parameter {missing[0]!r}; a quantized model (quant.quantize_) "
+                         "cannot be written as GPT-2: save the fp32/bf16 model before quantizing")
+    if eos_token_id is None:
+        eos_token_id = cfg.vocab_size - 1
+    if not 0 <= eos_token_id < cfg.vocab_size:
+        raise ValueError(f"eos_token_id={eos_token_id} is outside the vocab of size {cfg.vocab_size}")
+    try:
+        from safetensors.torch import save_file
+    except ImportError:
+        raise ImportError("save_hf_gpt2 writes safetensors: pip install safetensors") from None
+    # Conv1D stores [in, out]: transpose back. contiguous() gives each tensor its own storage,
+    # which safetensors requires (a tied lm_head is simply not written, as save_pretrained does).
+    tensors = {"transformer." + hf: (params[ours].t() if transpose else params[ours]).detach().cpu().contiguous()
+               for hf, (ours, _, transpose) in names.items()}
+    if "transformer.lm_head.weight" in tensors:
+        tensors["lm_head.weight"] = tensors.pop("transformer.lm_head.weight")
+    dtype = next(iter(tensors.values())).dtype
+    hf_config = {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+        "vocab_size": cfg.vocab_size, "n_positions": cfg.context_length, "n_ctx": cfg.context_length,
+        "n_embd": cfg.n_embd, "n_layer": cfg.n_layer, "n_head": cfg.n_head, "n_inner": cfg.n_inner,
+        "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+        "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
+        "tie_word_embeddings": cfg.tie_weights, "bos_token_id": eos_token_id, "eos_token_id": eos_token_id,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+    }
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    return path
 
 
 def load_checkpoint(path: str | Path, map_location="cpu") -> GPT:

@@ -22,8 +22,11 @@ def test_quick_bench_prints_every_row_and_writes_json(tmp_path, capsys):
     names = [r["name"] for r in data["rows"]]
     assert any("recompute / cached" in n for n in names) and any(n.startswith("TPOT") for n in names)
     for r in data["rows"]:
-        assert r["status"] in ("PASS", "FAIL") and math.isfinite(r["ratio"]) and r["ratio"] > 0
         assert r["name"] in out and r["target"] in out
+        if r["status"] == "SKIP":                  # the vLLM row: never started by --quick
+            assert r["name"].endswith("vLLM-cpu, output tokens/s") and r["detail"] in out
+            continue
+        assert r["status"] in ("PASS", "FAIL") and math.isfinite(r["ratio"]) and r["ratio"] > 0
 
 
 def test_status_follows_the_target():
@@ -85,3 +88,26 @@ def test_hf_rows_refuse_to_time_models_that_disagree():
         ours.blocks[0].mlp.fc.weight.mul_(-3.0)                 # now they compute different things
     with pytest.raises(AssertionError, match="disagree from step"):
         bench.check_same_greedy_tokens(hf, ours, ids, 6)
+
+
+def test_the_vllm_row_skips_with_a_reason_where_it_cannot_run(monkeypatch):
+    monkeypatch.setattr(bench.vllm_server, "vllm_python", lambda: None)
+    row = bench.engine_vs_vllm(bench.BenchSettings(quick=False))
+    assert row.status == "SKIP" and "make vllm" in row.detail and row.target == ">= 0.5"
+    monkeypatch.setattr(bench.vllm_server, "vllm_python", lambda: "/usr/bin/python3")
+    row = bench.engine_vs_vllm(bench.BenchSettings(quick=True))
+    assert row.status == "SKIP" and "--quick" in row.detail
+    row = bench.engine_vs_vllm(bench.BenchSettings(device=torch.device("meta")))
+    assert row.status == "SKIP" and "--device cpu only" in row.detail
+    assert "SKIP" in bench.format_table([row])
+
+
+def test_the_vllm_row_workload_is_seeded_and_fits_the_context():
+    from labutils.model import GPTConfig
+
+    cfg = GPTConfig.preset("gpt2-small")
+    a, b = bench.vllm_row_workload(cfg), bench.vllm_row_workload(cfg)
+    assert a == b and len(a) == 32 and a != bench.vllm_row_workload(cfg, seed=1)
+    assert all(64 <= len(r.prompt_ids) <= 128 and 16 <= r.max_new_tokens <= 64 and r.arrival_s == 0 for r in a)
+    assert len({len(r.prompt_ids) for r in a}) > 8 and len({r.max_new_tokens for r in a}) > 8
+    assert all(0 <= t < cfg.vocab_size for r in a for t in r.prompt_ids)
