@@ -47,11 +47,6 @@ class StageRun:
     mbu: float | None = None       # roofline.mbu of tpot_s, when a bandwidth was given
 
 
-def decode_pos(prompt_len: int, new_tokens: int) -> int:
-    """Keys the average decode step of a request reads (as measure.measure_request counts them)."""
-    return prompt_len + new_tokens // 2
-
-
 def _runner(req: Request) -> tuple[Callable[[], GenerationResult], float, str, str | None]:
     """A no-argument request for `req`, with its setup seconds, mode and fallback reason."""
     if req.stage not in LADDER:
@@ -91,7 +86,7 @@ def time_requests(requests: dict[Hashable, Request], *, rounds: int = 3,
         res = results[key]
         B, T = res[-1].tokens.shape[0], res[-1].prompt_len
         tpot = statistics.median(r.tpot_s for r in res)
-        pos = decode_pos(T, req.new_tokens)
+        pos = roofline.mean_decode_pos(T, req.new_tokens)
         run = StageRun(req.stage, B, T, req.new_tokens, tpot, statistics.median(r.ttft_s for r in res), setup_s,
                        mode, fallback, res[-1].tokens, pos)
         if bandwidth_Bps is not None:
@@ -208,5 +203,5 @@ def profile_figure(prof: OpProfile, title: str = "Where the time of a few decode
     return fig
 
 
-__all__ = ["GROUPS", "LADDER", "OpProfile", "Request", "StageRun", "decode_pos", "ladder_figure", "op_group",
+__all__ = ["GROUPS", "LADDER", "OpProfile", "Request", "StageRun", "ladder_figure", "op_group",
            "profile_figure", "profile_ops", "time_ladder", "time_requests"]
