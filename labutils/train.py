@@ -1,4 +1,4 @@
-"""Train the course's tiny GPT on stdlib docstrings: `python -m labutils.train` rebuilds data/tiny/."""
+"""Train the course's GPTs on stdlib docstrings: `python -m labutils.train [--model draft]` rebuilds data/tiny/ or data/draft/."""
 from __future__ import annotations
 
 import argparse
@@ -16,8 +16,24 @@ from .corpus import load_docstrings
 from .model import DATA_DIR, GPT, GPTConfig, load_checkpoint, save_checkpoint
 
 TINY_DIR = DATA_DIR / "tiny"
+DRAFT_DIR = DATA_DIR / "draft"
 # Everything the rebuild depends on, in one place; changing any of these changes model.pt.
 DEFAULTS = dict(steps=1600, batch_size=8, lr=2e-3, warmup=50, seed=0, threads=2)
+DRAFT_DEFAULTS = dict(steps=1600, batch_size=8, lr=2e-3, warmup=50, seed=0, threads=2)
+
+
+def draft_config() -> GPTConfig:
+    """The speculative-decoding draft (lesson 10): the tiny target's vocabulary and context, one narrow layer,
+    so one of its forward passes costs a fraction of the target's."""
+    tiny = GPTConfig.preset("tiny")
+    return GPTConfig(vocab_size=tiny.vocab_size, context_length=tiny.context_length, n_layer=1, n_head=4, n_embd=128)
+
+
+# --model name -> (config, output folder, defaults).
+MODELS: dict[str, tuple[Callable[[], GPTConfig], Path, dict]] = {
+    "tiny": (lambda: GPTConfig.preset("tiny"), TINY_DIR, DEFAULTS),
+    "draft": (draft_config, DRAFT_DIR, DRAFT_DEFAULTS),
+}
 
 
 # ---------------------------------------------------------------- data
@@ -199,25 +215,33 @@ def sha256(path: Path) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--steps", type=int, default=DEFAULTS["steps"])
-    p.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"])
-    p.add_argument("--lr", type=float, default=DEFAULTS["lr"])
-    p.add_argument("--warmup", type=int, default=DEFAULTS["warmup"])
-    p.add_argument("--seed", type=int, default=DEFAULTS["seed"])
-    p.add_argument("--threads", type=int, default=DEFAULTS["threads"],
+    p.add_argument("--model", choices=list(MODELS), default="tiny",
+                   help="tiny: the course's target model (data/tiny); draft: its speculative draft (data/draft)")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None,
                    help="CPU threads; bitwise reproducibility needs the same count")
-    p.add_argument("--out", type=Path, default=TINY_DIR)
+    p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
+    make_config, out_dir, defaults = MODELS[args.model]
+    # Anything not given on the command line comes from the model's DEFAULTS, so metrics.json records it.
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    args.out = out_dir if args.out is None else args.out
 
     from .generate import generate
     from .tokenizer import get_encoding
 
     torch.set_num_threads(args.threads)
     enc = get_encoding("course")
-    config = GPTConfig.preset("tiny")
+    config = make_config()
     if config.vocab_size != enc.n_vocab:
-        raise ValueError(f"preset 'tiny' has vocab_size={config.vocab_size} but the course encoding "
-                         f"has {enc.n_vocab}; keep labutils/presets.py in sync")
+        raise ValueError(f"model {args.model!r} has vocab_size={config.vocab_size} but the course encoding "
+                         f"has {enc.n_vocab}; keep labutils/presets.py and train.MODELS in sync")
     train_ids, heldout_ids = course_tokens(enc=enc)
     print(f"corpus: {len(train_ids):,} train tokens, {len(heldout_ids):,} held-out tokens")
     print(f"model: {config.num_params():,} parameters; {args.steps} steps x {args.batch_size} x "
@@ -239,8 +263,8 @@ def main(argv: list[str] | None = None) -> dict:
     ids = enc.encode_ordinary(prompt)
     greedy = enc.decode(generate(model, ids, 40).tokens[0].tolist())
     sampled = enc.decode(generate(model, ids, 60, temperature=0.8, top_k=40, seed=0).tokens[0].tolist())
-    metrics = dict(steps=args.steps, batch_size=args.batch_size, seq_len=config.context_length, lr=args.lr,
-                   warmup=args.warmup, seed=args.seed, threads=args.threads, n_params=config.num_params(),
+    metrics = dict(model=args.model, steps=args.steps, batch_size=args.batch_size, seq_len=config.context_length,
+                   lr=args.lr, warmup=args.warmup, seed=args.seed, threads=args.threads, n_params=config.num_params(),
                    train_tokens=len(train_ids), heldout_tokens=len(heldout_ids),
                    final_train_loss=round(sum(losses[-50:]) / len(losses[-50:]), 4),
                    heldout_loss=round(held, 4), unigram_loss=round(uni, 4),
