@@ -24,14 +24,19 @@ class SpeculativeResult(GenerationResult):
     """A GenerationResult plus how the draft did. Tokens of one step share one timestamp: they arrive together."""
 
     k: int = 0
-    proposed: int = 0          # draft tokens the target checked
+    proposed: int = 0          # draft tokens the target scored
     accepted: int = 0          # of those, how many it kept
+    rejected: int = 0          # steps that ended in a rejection (at most one per step)
     steps: int = 0             # verify passes: target forwards after the prompt
 
     @property
     def alpha(self) -> float:
-        """Acceptance rate: accepted / proposed draft tokens (nan when nothing was proposed)."""
-        return self.accepted / self.proposed if self.proposed else float("nan")
+        """Acceptance rate of one proposal: accepted / (accepted + rejected); nan if none was judged.
+
+        Proposals after a step's first rejection are never judged, so they do not count: this is the
+        alpha of (1 - alpha^(k+1)) / (1 - alpha), estimated from the proposals that were."""
+        judged = self.accepted + self.rejected
+        return self.accepted / judged if judged else float("nan")
 
     @property
     def tokens_per_step(self) -> float:
@@ -192,7 +197,7 @@ def speculative_generate(target, draft, ids, max_new_tokens: int, *, k: int = 4,
 
     new: list[int] = []
     stamps: list[float] = []
-    proposed = accepted = steps = 0
+    proposed = accepted = rejected = steps = 0
     while len(new) < max_new_tokens:
         m = min(k, max_new_tokens - len(new) - 1)   # never emit past max_new_tokens (or the context)
         q = None
@@ -217,9 +222,9 @@ def speculative_generate(target, draft, ids, max_new_tokens: int, *, k: int = 4,
         new += step_tokens
         timing.synchronize(device)
         stamps += [time.perf_counter() - t0] * len(step_tokens)
-        proposed, accepted, steps = proposed + m, accepted + a, steps + 1
+        proposed, accepted, rejected, steps = proposed + m, accepted + a, rejected + (a < m), steps + 1
     return SpeculativeResult(torch.tensor([new]), stamps, T, k=k, proposed=proposed, accepted=accepted,
-                             steps=steps)
+                             rejected=rejected, steps=steps)
 
 
 __all__ = ["PROMPT_LOOKUP", "SpeculativeResult", "accept", "draw", "expected_speedup", "expected_tokens_per_step",

@@ -192,7 +192,7 @@ def round_to_bf16(model: GPT) -> GPT:
     return model
 
 
-def save_tiny(model: GPT, out_dir: Path, metrics: dict) -> Path:
+def save_bf16(model: GPT, out_dir: Path, metrics: dict) -> Path:
     """config.json, model.pt (bf16 state_dict: half the bytes; load_checkpoint upcasts to fp32), metrics.json."""
     save_checkpoint(model, out_dir)
     state, cast = {}, {}
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> dict:
                    train_time_s=round(train_time_s, 1), torch_version=torch.__version__,
                    sample_prompt=prompt, sample_greedy=prompt + greedy,
                    sample_t08_top40_seed0=prompt + sampled)
-    save_tiny(model, args.out, metrics)
+    save_bf16(model, args.out, metrics)
     metrics = json.loads((args.out / "metrics.json").read_text())
     # A round trip through the files must give the model that was measured.
     reloaded = heldout_loss(load_checkpoint(args.out), heldout_ids)
