@@ -18,8 +18,9 @@ from .model import DATA_DIR, GPT, GPTConfig, load_checkpoint, save_checkpoint
 TINY_DIR = DATA_DIR / "tiny"
 DRAFT_DIR = DATA_DIR / "draft"
 # Everything the rebuild depends on, in one place; changing any of these changes model.pt.
-DEFAULTS = dict(steps=1600, batch_size=8, lr=2e-3, warmup=50, seed=0, threads=2)
-DRAFT_DEFAULTS = dict(steps=1600, batch_size=8, lr=2e-3, warmup=50, seed=0, threads=2)
+DEFAULTS = dict(steps=1600, batch_size=8, lr=2e-3, warmup=50, seed=0, threads=2, teacher="none")
+# The draft learns the tiny target's distributions (distillation) on the same corpus windows.
+DRAFT_DEFAULTS = dict(steps=1200, batch_size=8, lr=3e-3, warmup=50, seed=0, threads=2, teacher="tiny")
 
 
 def draft_config() -> GPTConfig:
@@ -124,12 +125,15 @@ def train(config: GPTConfig, steps: int, batch_size: int, tokens: torch.Tensor |
           seq_len: int | None = None, lr: float = 2e-3, warmup: int | None = None,
           weight_decay: float = 0.1, seed: int = 0, device: str | torch.device = "cpu",
           progress: Callable[[int, float], None] | None = None,
-          show_progress: bool = True) -> tuple[GPT, list[float]]:
+          show_progress: bool = True, teacher: GPT | None = None) -> tuple[GPT, list[float]]:
     """Train a fresh GPT(config) for `steps` AdamW steps on random windows of `tokens`.
 
     Deterministic: the weights come from `seed`, the batches from a torch.Generator seeded with
     `seed`, and nothing else is random (no dropout), so the same call on the same machine and
     thread count gives bitwise-identical weights. The global RNG is left as it was.
+    With a `teacher` the targets are its next-token distributions instead of the corpus's next
+    tokens (distillation): the loss is the cross-entropy from the teacher's probabilities, which is
+    what a speculative draft should match, since its proposals are judged against the teacher's p.
     tokens defaults to the course's training split. progress(step, loss) is called after every
     step (e.g. to update a live plot). Returns the model (in eval mode) and the loss of each step.
     """
@@ -148,6 +152,12 @@ def train(config: GPTConfig, steps: int, batch_size: int, tokens: torch.Tensor |
         raise ValueError(f"token id {int(tokens.max())} is outside vocab_size={config.vocab_size}; "
                          "train with the encoding that matches the config")
     warmup = max(1, steps // 20) if warmup is None else warmup
+    if teacher is not None:
+        tc = teacher.config
+        if tc.vocab_size != config.vocab_size or tc.context_length < seq_len:
+            raise ValueError(f"the teacher (vocab {tc.vocab_size}, context {tc.context_length}) must share the "
+                             f"student's vocab ({config.vocab_size}) and cover its windows of {seq_len} tokens")
+        teacher.eval()
 
     with torch.random.fork_rng(devices=[]):   # seed the init without touching the caller's RNG
         torch.manual_seed(seed)
@@ -172,7 +182,12 @@ def train(config: GPTConfig, steps: int, batch_size: int, tokens: torch.Tensor |
         x, y = get_batch(tokens, batch_size, seq_len, generator)
         x, y = x.to(device), y.to(device)
         logits = model(x, check=False)
-        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        if teacher is None:
+            loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        else:
+            with torch.no_grad():
+                p = torch.softmax(teacher(x, check=False).float(), dim=-1)
+            loss = -(p * F.log_softmax(logits, dim=-1)).sum(-1).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -224,6 +239,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads; bitwise reproducibility needs the same count")
+    p.add_argument("--teacher", choices=["none", *MODELS], default=None,
+                   help="distil from this committed checkpoint (data/NAME) instead of the corpus's next tokens")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     make_config, out_dir, defaults = MODELS[args.model]
@@ -253,8 +270,9 @@ def main(argv: list[str] | None = None) -> dict:
         if (step + 1) % 50 == 0 or step == 0:
             print(f"step {step + 1:5d}/{args.steps}  loss {loss:.3f}  {time.perf_counter() - t0:6.0f} s", flush=True)
 
+    teacher = None if args.teacher == "none" else load_checkpoint(DATA_DIR / args.teacher)
     model, losses = train(config, args.steps, args.batch_size, train_ids, lr=args.lr, warmup=args.warmup,
-                          seed=args.seed, progress=report, show_progress=False)
+                          seed=args.seed, progress=report, show_progress=False, teacher=teacher)
     train_time_s = time.perf_counter() - t0
     round_to_bf16(model)
     held = heldout_loss(model, heldout_ids)
@@ -263,7 +281,7 @@ def main(argv: list[str] | None = None) -> dict:
     ids = enc.encode_ordinary(prompt)
     greedy = enc.decode(generate(model, ids, 40).tokens[0].tolist())
     sampled = enc.decode(generate(model, ids, 60, temperature=0.8, top_k=40, seed=0).tokens[0].tolist())
-    metrics = dict(model=args.model, steps=args.steps, batch_size=args.batch_size, seq_len=config.context_length,
+    metrics = dict(model=args.model, teacher=args.teacher, steps=args.steps, batch_size=args.batch_size, seq_len=config.context_length,
                    lr=args.lr, warmup=args.warmup, seed=args.seed, threads=args.threads, n_params=config.num_params(),
                    train_tokens=len(train_ids), heldout_tokens=len(heldout_ids),
                    final_train_loss=round(sum(losses[-50:]) / len(losses[-50:]), 4),

@@ -52,3 +52,24 @@ def test_only_filters_rows_and_rejects_unknown(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--quick", "--only", "no_such_row"])
     assert "no row matches" in capsys.readouterr().err
+
+
+def test_speculative_rows_report_alpha_and_best_k_and_assert_identical_tokens(monkeypatch):
+    s = bench.BenchSettings(quick=True, rounds=1)
+    for fn in (bench.speculative_draft_vs_greedy, bench.speculative_lookup_vs_greedy):
+        row = fn(s)
+        assert row.target == ">= 1.3" and row.status in ("PASS", "FAIL") and row.ratio > 0
+        assert "alpha" in row.detail and "best k=" in row.detail and "identical tokens" in row.setup
+    # A speculative loop that emits other tokens than greedy decoding must make the row an error.
+    import labutils.speculative as spec
+    real = spec.speculative_generate
+
+    def off_by_one(*args, **kwargs):
+        r = real(*args, **kwargs)
+        r.tokens = r.tokens.clone()           # made under inference_mode: copy before editing
+        r.tokens[0, -1] = (r.tokens[0, -1] + 1) % 4096
+        return r
+
+    monkeypatch.setattr(spec, "speculative_generate", off_by_one)
+    with pytest.raises(AssertionError, match="differ from greedy"):
+        bench.speculative_draft_vs_greedy(s)
