@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numbers
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -28,6 +28,7 @@ class SpeculativeResult(GenerationResult):
     accepted: int = 0          # of those, how many it kept
     rejected: int = 0          # steps that ended in a rejection (at most one per step)
     steps: int = 0             # verify passes: target forwards after the prompt
+    per_step: list[int] = field(default_factory=list)   # tokens each verify pass emitted (accepted + 1)
 
     @property
     def alpha(self) -> float:
@@ -198,6 +199,7 @@ def speculative_generate(target, draft, ids, max_new_tokens: int, *, k: int = 4,
     new: list[int] = []
     stamps: list[float] = []
     proposed = accepted = rejected = steps = 0
+    per_step: list[int] = []
     while len(new) < max_new_tokens:
         m = min(k, max_new_tokens - len(new) - 1)   # never emit past max_new_tokens (or the context)
         q = None
@@ -223,8 +225,9 @@ def speculative_generate(target, draft, ids, max_new_tokens: int, *, k: int = 4,
         timing.synchronize(device)
         stamps += [time.perf_counter() - t0] * len(step_tokens)
         proposed, accepted, rejected, steps = proposed + m, accepted + a, rejected + (a < m), steps + 1
+        per_step.append(len(step_tokens))
     return SpeculativeResult(torch.tensor([new]), stamps, T, k=k, proposed=proposed, accepted=accepted,
-                             rejected=rejected, steps=steps)
+                             rejected=rejected, steps=steps, per_step=per_step)
 
 
 __all__ = ["PROMPT_LOOKUP", "SpeculativeResult", "accept", "draw", "expected_speedup", "expected_tokens_per_step",

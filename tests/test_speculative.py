@@ -114,7 +114,7 @@ def test_a_perfect_draft_is_always_accepted_and_k_plus_one_tokens_come_per_pass(
         r = speculative_generate(target, target, prompt(1, 8, 3), 25, k=4)
     finally:
         handle.remove()
-    assert r.alpha == 1.0 and r.steps == 5 and r.tokens_per_step == 5.0
+    assert r.alpha == 1.0 and r.steps == 5 and r.tokens_per_step == 5.0 and r.per_step == [5] * 5
     # The target itself ran as draft, so its hook saw the draft forwards too; the verify passes are the [1, 5] ones.
     assert shapes.count((1, 5)) == 5 and (1, 7) in shapes     # one prompt pass over all but the last token
 
@@ -136,6 +136,7 @@ def test_verify_is_one_target_forward_over_k_plus_one_tokens():
     assert 0 < r.accepted < r.proposed
     assert d_shapes[0] == (1, 7) and all(s[1] <= 2 for s in d_shapes[1:])   # the draft: one token (two to catch up)
     assert r.proposed == sum(s[1] - 1 for s in t_shapes[1:])
+    assert sum(r.per_step) == 30 and len(r.per_step) == r.steps and r.accepted == 30 - r.steps
 
 
 def test_prompt_lookup_proposes_from_a_repetitive_prompt():
