@@ -133,21 +133,26 @@ def check_draft(target, draft, needed: int) -> None:
 
 
 def propose(draft, cache: KVCache, seq: list[int], k: int, sampling: dict, generator, device):
-    """k tokens from the draft model, one forward each: (tokens [k], q [k, vocab]).
+    """k tokens from the draft model, one forward each: (tokens [k], q [k, vocab], or None when greedy).
 
     The draft first catches up on the tokens it has not seen (one, or two after a fully accepted
     step); its cache then holds every token but the last proposal, which it never needs to read.
+    A greedy draft is deterministic (its q is one-hot at each proposal), so no q is built.
     """
+    greedy = sampling["temperature"] == 0
     feed = torch.tensor([seq[cache.pos:]], device=device)
     tokens, qs = [], []
-    for i in range(k):
+    for _ in range(k):
         logits = draft(feed, cache, check=False, last_only=True)[:, -1]
-        q = sampling_probs(logits, **sampling)
-        tok = draw(q, sampling["temperature"], generator)
+        if greedy:
+            tok = logits.argmax(dim=-1)       # the argmax of sampling_probs(logits, temperature=0)
+        else:
+            q = sampling_probs(logits, **sampling)
+            tok = draw(q, sampling["temperature"], generator)
+            qs.append(q)
         tokens.append(tok)
-        qs.append(q)
         feed = tok[:, None]
-    return torch.cat(tokens), torch.cat(qs)
+    return torch.cat(tokens), (None if greedy else torch.cat(qs))
 
 
 @torch.inference_mode()
