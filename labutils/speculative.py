@@ -54,12 +54,15 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
     return float(k + 1) if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
-def expected_speedup(alpha: float, k: int, cost_ratio: float) -> float:
-    """Tokens per step over the time of one step, in units of one target forward: k draft forwards at
-    cost_ratio each plus one verify pass that costs about one target forward while decode is memory-bound."""
+def expected_speedup(alpha: float, k: int, cost_ratio: float, verify_cost: float = 1.0) -> float:
+    """Tokens per step over the time of one step, in units of one target forward (Leviathan et al. 2023):
+    k draft forwards at cost_ratio each, plus one verify pass over k + 1 tokens at verify_cost target
+    forwards (1 while a pass is memory-bound, more once k + 1 tokens cost more than one)."""
     if not cost_ratio >= 0:
         raise ValueError(f"cost_ratio (draft forward / target forward) must be >= 0, got {cost_ratio!r}")
-    return expected_tokens_per_step(alpha, k) / (k * cost_ratio + 1)
+    if not verify_cost > 0:
+        raise ValueError(f"verify_cost (verify pass / target forward) must be > 0, got {verify_cost!r}")
+    return expected_tokens_per_step(alpha, k) / (k * cost_ratio + verify_cost)
 
 
 def lookup_proposals(seq: list[int], k: int, ngram: int = 3) -> list[int]:

@@ -256,6 +256,9 @@ def test_expected_tokens_per_step():
     assert expected_tokens_per_step(0.8, 3) == pytest.approx(sum(0.8 ** i for i in range(4)))
     assert expected_speedup(0.8, 3, 0.0) == pytest.approx(expected_tokens_per_step(0.8, 3))
     assert expected_speedup(0.0, 4, 0.25) == pytest.approx(0.5)           # a useless draft halves the speed
+    assert expected_speedup(1.0, 4, 0.0, verify_cost=5.0) == pytest.approx(1.0)   # verify as dear as 5 steps
+    with pytest.raises(ValueError, match="verify_cost"):
+        expected_speedup(0.5, 2, 0.1, verify_cost=0)
     with pytest.raises(ValueError, match="alpha"):
         expected_tokens_per_step(1.5, 2)
 
