@@ -385,8 +385,8 @@ def load_checkpoint(path: str | Path, map_location="cpu") -> GPT:
     """Load a course checkpoint: a folder with config.json and model.pt (a state_dict)."""
     path = Path(path)
     if not (path / "config.json").exists() or not (path / "model.pt").exists():
-        raise FileNotFoundError(f"{path} needs config.json and model.pt; "
-                                "rebuild the course checkpoint with `python -m labutils.train`")
+        raise FileNotFoundError(f"{path} needs config.json and model.pt; rebuild the course checkpoints "
+                                "with `python -m labutils.train` (data/tiny) or `... --model draft` (data/draft)")
     cfg = GPTConfig(**json.loads((path / "config.json").read_text()))
     model = GPT(cfg)
     state = torch.load(path / "model.pt", map_location=map_location, weights_only=True)
@@ -401,15 +401,22 @@ def save_checkpoint(model: GPT, path: str | Path) -> None:
     torch.save(model.state_dict(), path / "model.pt")   # a tied tensor is stored once
 
 
-def load_pretrained(map_location="cpu"):
-    """The course's trained tiny GPT (data/tiny, fp32, eval mode) and the course encoding it reads.
+PRETRAINED = ("tiny", "draft")   # the folders in data/ that `python -m labutils.train --model NAME` rebuilds
 
-    Both come from files in the repository: nothing is downloaded. Returns (model, encoding).
+
+def load_pretrained(name: str = "tiny", map_location="cpu"):
+    """A course checkpoint from data/<name> (fp32, eval mode) and the course encoding it reads.
+
+    "tiny" is the trained 4-layer GPT of lessons 04-06; "draft" is its 1-layer speculative draft
+    (lesson 10), trained on the same corpus with the same tokenizer. Both come from files in the
+    repository: nothing is downloaded. Returns (model, encoding).
     """
     from .tokenizer import get_encoding
-    model = load_checkpoint(DATA_DIR / "tiny", map_location=map_location)
+    if name not in PRETRAINED:
+        raise ValueError(f"unknown course checkpoint {name!r}; choose one of {list(PRETRAINED)}")
+    model = load_checkpoint(DATA_DIR / name, map_location=map_location)
     enc = get_encoding("course")
     if enc.n_vocab != model.config.vocab_size:
-        raise ValueError(f"data/tiny expects a vocab of {model.config.vocab_size} but the course encoding "
-                         f"has {enc.n_vocab}; rebuild the checkpoint with `python -m labutils.train`")
+        raise ValueError(f"data/{name} expects a vocab of {model.config.vocab_size} but the course encoding "
+                         f"has {enc.n_vocab}; rebuild the checkpoint with `python -m labutils.train --model {name}`")
     return model, enc
