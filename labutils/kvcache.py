@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .validate import check_count
+from .validate import DEVICE_KINDS, check_count, check_device, check_torch_dtype
 
 
 class KVCache:
@@ -19,9 +19,11 @@ class KVCache:
     def __init__(self, config, batch_size: int = 1, max_len: int | None = None,
                  device=None, dtype=torch.float32):
         max_len = config.context_length if max_len is None else max_len
-        if not isinstance(max_len, int) or not 1 <= max_len <= config.context_length:
-            raise ValueError(f"max_len={max_len} must be between 1 and the context length {config.context_length}")
-        check_count("batch_size", batch_size, 1)
+        max_len = check_count("max_len", max_len, 1, config.context_length,
+                              hint=f"a cache holds at most the context length {config.context_length}")
+        batch_size = check_count("batch_size", batch_size, 1)
+        device = None if device is None else check_device("device", device, DEVICE_KINDS + ("meta",))
+        dtype = check_torch_dtype("dtype", dtype)
         shape = (config.n_layer, batch_size, config.n_kv_head, max_len, config.head_dim)
         # empty, not zeros: attention only ever reads positions < pos, which have been written.
         self.k = torch.empty(shape, device=device, dtype=dtype)
@@ -55,6 +57,7 @@ class KVCache:
         return other
 
     def check_fits(self, batch_size: int, n_new: int) -> None:
+        """Refuse a forward whose batch differs from the cache's, or whose new tokens do not fit."""
         if batch_size != self.batch_size:
             raise ValueError(f"batch of {batch_size} sequences does not match the cache's batch_size={self.batch_size}")
         if self.pos + n_new > self.max_len:
@@ -74,7 +77,8 @@ class KVCache:
 
     def advance(self, n: int) -> None:
         """Called once per forward, after every layer has written its entries."""
-        if n < 0 or self.pos + n > self.max_len:
+        n = check_count("n", n, 0)
+        if self.pos + n > self.max_len:
             raise ValueError(f"cannot advance the cache by {n} from pos={self.pos}: it holds {self.max_len} positions")
         self.pos += n
 

@@ -1,14 +1,14 @@
 """The one place for FLOPs and bytes: weights, KV cache, each phase; intensity, floors, MBU and MFU."""
 from __future__ import annotations
 
-import math
+import warnings
 from dataclasses import dataclass
 
 import torch
 
 from .dtypes import dtype_bytes
 from .presets import ModelShape, get_shape
-from .validate import check_count
+from .validate import check_count, check_dtype, check_number, check_positive, describe
 
 # Conventions (one place, so every lesson counts the same way):
 # - A token's forward multiplies by every weight in the blocks and by the output layer: 2 FLOPs per weight
@@ -47,7 +47,8 @@ def counts(x) -> Counts:
     elif hasattr(cfg, "num_params") and hasattr(cfg, "n_layer"):
         n_params, learned_pos = cfg.num_params(), True       # our GPT learns a position table
     else:
-        raise TypeError(f"expected a GPT model, a GPTConfig, a ModelShape or a preset name, got {type(x).__name__}")
+        raise TypeError(f"x (the model) must be a GPT model, a GPTConfig, a ModelShape or a preset name, "
+                        f"got {describe(x)}; e.g. roofline.decode_bytes('gpt2-small', pos=128)")
     C, V = cfg.n_embd, cfg.vocab_size
     tables = V * C + (cfg.context_length * C if learned_pos else 0)
     head = V * C
@@ -133,6 +134,7 @@ def tokens_where_cache_exceeds_weights(x, batch_size: int = 1, dtype=torch.float
     one request, and only a larger batch makes it.
     """
     check_count("batch_size", batch_size, 1)
+    check_dtype("weight_dtype", weight_dtype)
     return weight_bytes(x, weight_dtype) // (kv_bytes_per_token(x, dtype) * batch_size) + 1
 
 
@@ -211,16 +213,24 @@ def linear_bytes(n_out: int, n_in: int, batch: int = 1, dtype=torch.float32) -> 
 
 def _check_positive(**values):
     for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
-            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        check_positive(name, value)
+
+
+def _utilization(what: str, value: float, inputs: str) -> float:
+    """A utilization above 1 ran faster than the measured peak. Slightly above can be real (a decode step
+    mostly reads, the peak's copy reads and writes; a small model can sit in a CPU cache); far above, an
+    input is in the wrong unit. Either way the caller should know, so it warns instead of passing silently."""
+    if value > 1 + 1e-9:
+        warnings.warn(f"{what} = {value:.3g} is above 1: faster than the measured peak. Check the units of "
+                      f"{inputs} (seconds, bytes/s and FLOP/s, not ms or GB/s); a small model held in a CPU "
+                      "cache can also beat the DRAM peak", RuntimeWarning, stacklevel=3)
+    return value
 
 
 def arithmetic_intensity(flops: float, nbytes: float) -> float:
     """FLOPs per byte moved. Below the machine's ridge point (peak FLOP/s / bandwidth) bytes set the pace."""
     _check_positive(nbytes=nbytes)
-    if not flops >= 0:
-        raise ValueError(f"flops must be >= 0, got {flops!r}")
-    return flops / nbytes
+    return check_number("flops", flops, minimum=0) / nbytes
 
 
 def attainable_flops(intensity: float, peak_flops: float, bandwidth_Bps: float) -> float:
@@ -231,6 +241,7 @@ def attainable_flops(intensity: float, peak_flops: float, bandwidth_Bps: float) 
 
 def decode_step_s(x, pos: int, batch: int = 1, dtype=None, *, bandwidth_Bps: float, peak_flops: float) -> float:
     """The roofline's prediction for one decode step: the slower of moving its bytes and doing its FLOPs."""
+    _check_positive(peak_flops=peak_flops)
     return max(decode_floor_s(x, pos, batch, dtype, bandwidth_Bps=bandwidth_Bps),
                decode_flops(x, pos, batch) / peak_flops)
 
@@ -263,7 +274,7 @@ def prefill_floor_s(x, prompt_len: int, batch: int = 1, *, peak_flops: float) ->
 def mbu(x, pos: int, batch: int, dtype, tpot_s: float, bandwidth_Bps: float) -> float:
     """Model bandwidth utilization: (weight + KV-cache bytes read per decode step) / TPOT / peak bandwidth."""
     _check_positive(tpot_s=tpot_s, bandwidth_Bps=bandwidth_Bps)
-    return decode_bytes(x, pos, batch, dtype) / tpot_s / bandwidth_Bps
+    return _utilization("MBU", decode_bytes(x, pos, batch, dtype) / tpot_s / bandwidth_Bps, "tpot_s and bandwidth_Bps")
 
 
 def mfu(flops: float, seconds: float, peak_flops: float) -> float:
@@ -272,9 +283,8 @@ def mfu(flops: float, seconds: float, peak_flops: float) -> float:
     `flops` comes from prefill_flops or decode_flops (attention included), the same count the floors use.
     """
     _check_positive(seconds=seconds, peak_flops=peak_flops)
-    if not flops >= 0:
-        raise ValueError(f"flops must be >= 0, got {flops!r}")
-    return flops / seconds / peak_flops
+    flops = check_number("flops", flops, minimum=0)
+    return _utilization("MFU", flops / seconds / peak_flops, "flops, seconds and peak_flops")
 
 
 __all__ = ["Counts", "arithmetic_intensity", "attainable_flops", "counts", "decode_bytes", "decode_flops",
