@@ -254,6 +254,19 @@ def check_cache(cache, model) -> None:
                          "dtype=<the model's dtype>)")
 
 
+def check_row(name: str, row, numbers_: tuple[str, ...], others: tuple[str, ...] = ()) -> dict:
+    """A measurement row (a dict) that holds every key a view reads: `numbers_` as finite numbers, `others` at all."""
+    if not isinstance(row, dict):
+        raise TypeError(f"{name} must be a dict of measurements, got {describe(row)}")
+    missing = [k for k in (*numbers_, *others) if k not in row]
+    if missing:
+        raise ValueError(f"{name} lacks {missing}; a measurement must return every key the plots read "
+                         f"({', '.join((*numbers_, *others))})")
+    for key in numbers_:
+        check_number(f"{name}[{key!r}]", row[key], allow_inf=False)
+    return row
+
+
 def check_timestamps(name: str, timestamps) -> list[float]:
     """Token timestamps: a non-empty sequence of finite seconds >= 0 that never decreases."""
     if isinstance(timestamps, (str, bytes)) or not hasattr(timestamps, "__len__") or not hasattr(timestamps, "__iter__"):
@@ -271,5 +284,5 @@ def check_timestamps(name: str, timestamps) -> list[float]:
 
 
 __all__ = ["DEVICE_KINDS", "DeviceUnavailableError", "check_cache", "check_choice", "check_count", "check_device",
-           "check_dtype", "check_flag", "check_torch_dtype", "check_number", "check_positive", "check_probability", "check_temperature",
+           "check_dtype", "check_flag", "check_torch_dtype", "check_number", "check_positive", "check_probability", "check_row", "check_temperature",
            "check_timestamps", "check_token_ids", "describe", "device_available", "model_device", "model_dtype"]
