@@ -67,6 +67,11 @@ def _check_byte_ranges(path: Path) -> None:
             raise ValueError(f"{path}: tensor {name!r} has no valid data_offsets [begin, end]; the file is damaged")
         ranges.append((offsets[0], offsets[1], name))
     ranges.sort()
+    data_bytes = path.stat().st_size - 8 - n
+    for begin, end, name in ranges:
+        if not 0 <= begin <= end <= data_bytes:
+            raise ValueError(f"{path}: tensor {name!r} claims bytes {begin}-{end}, but the file holds {data_bytes} "
+                             "bytes of data; it is truncated or damaged. Get the checkpoint again from its source")
     for (b0, e0, n0), (b1, e1, n1) in zip(ranges, ranges[1:]):
         if b1 < e0:
             raise ValueError(f"{path}: tensors {n0!r} (bytes {b0}-{e0}) and {n1!r} (bytes {b1}-{e1}) share "

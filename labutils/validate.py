@@ -68,25 +68,26 @@ def check_count(name: str, value, minimum: int = 0, maximum: int | None = None, 
 
 
 def check_number(name: str, value, *, minimum: float | None = None, above: float | None = None,
-                 maximum: float | None = None, allow_inf: bool = False, hint: str = "") -> float:
+                 maximum: float | None = None, below: float | None = None, allow_inf: bool = False,
+                 hint: str = "") -> float:
     """A real number (no bool, no NaN; infinity only with allow_inf) within the given bounds; returns a float.
 
-    `minimum` and `maximum` are inclusive, `above` is exclusive.
+    `minimum` and `maximum` are inclusive, `above` and `below` exclusive.
     """
     if not isinstance(value, numbers.Real) or isinstance(value, (bool, _np_bool())):
         raise TypeError(f"{name} must be a number, got {describe(value)}; pass an int or a float")
     value = float(value)
-    allowed = _range_text(minimum, above, maximum, allow_inf)
+    allowed = _range_text(minimum, above, maximum, below, allow_inf)
     way_out = f"; {hint}" if hint else ""
     if math.isnan(value) or (math.isinf(value) and not allow_inf):
         raise ValueError(f"{name} must be {allowed}, got {value}{way_out or '; pass a finite number'}")
     if ((minimum is not None and value < minimum) or (above is not None and value <= above)
-            or (maximum is not None and value > maximum)):
+            or (maximum is not None and value > maximum) or (below is not None and value >= below)):
         raise ValueError(f"{name} must be {allowed}, got {value!r}{way_out}")
     return value
 
 
-def _range_text(minimum, above, maximum, allow_inf) -> str:
+def _range_text(minimum, above, maximum, below, allow_inf) -> str:
     parts = []
     if minimum is not None:
         parts.append(f">= {minimum:g}")
@@ -94,6 +95,8 @@ def _range_text(minimum, above, maximum, allow_inf) -> str:
         parts.append(f"> {above:g}")
     if maximum is not None:
         parts.append(f"<= {maximum:g}")
+    if below is not None:
+        parts.append(f"< {below:g}")
     kind = "a number" if allow_inf else "a finite number"
     return kind + (" " + " and ".join(parts) if parts else "")
 
