@@ -88,7 +88,7 @@ def weight_bytes(x, dtype=None) -> int:
         if dtype is not None:
             raise ValueError("a model's weight bytes are its tensors' own; pass dtype only with a config or preset")
         return _tensor_bytes(_model_tensors(x))
-    return counts(x).n_params * dtype_bytes(torch.float16 if dtype is None else dtype)
+    return counts(x).n_params * dtype_bytes(check_dtype("dtype", "fp16" if dtype is None else dtype))
 
 
 def step_weight_bytes(x, tokens_per_seq: int = 1, batch: int = 1, dtype=None) -> int:
@@ -107,7 +107,7 @@ def step_weight_bytes(x, tokens_per_seq: int = 1, batch: int = 1, dtype=None) ->
         table_bytes = _tensor_bytes(t for t in tables if id(t) not in head_ids)
         body = weight_bytes(x) - head - table_bytes
         return body + head + rows * c.row_params * x.tok_emb.weight.element_size()
-    elem = dtype_bytes(torch.float16 if dtype is None else dtype)
+    elem = dtype_bytes(check_dtype("dtype", "fp16" if dtype is None else dtype))
     return (c.body_params + c.head_params + rows * c.row_params) * elem
 
 
@@ -116,7 +116,7 @@ def step_weight_bytes(x, tokens_per_seq: int = 1, batch: int = 1, dtype=None) ->
 def kv_bytes_per_token(x, dtype=torch.float16) -> int:
     """Cache bytes one token adds to one sequence: 2 (K and V) x layers x kv_heads x head_dim x bytes."""
     shape = counts(x).kv_shape
-    return 2 * shape.n_layer * shape.n_kv_head * shape.head_dim * dtype_bytes(dtype)
+    return 2 * shape.n_layer * shape.n_kv_head * shape.head_dim * dtype_bytes(check_dtype("dtype", dtype))
 
 
 def kv_cache_bytes(x, seq_len: int, batch_size: int = 1, dtype=torch.float16) -> int:
@@ -206,7 +206,7 @@ def linear_bytes(n_out: int, n_in: int, batch: int = 1, dtype=torch.float32) -> 
     """
     for name, v in (("n_out", n_out), ("n_in", n_in), ("batch", batch)):
         check_count(name, v, 1)
-    return (n_out * n_in + batch * (n_in + n_out)) * dtype_bytes(dtype)
+    return (n_out * n_in + batch * (n_in + n_out)) * dtype_bytes(check_dtype("dtype", dtype))
 
 
 # ---- intensity, floors and utilization -------------------------------------------------------------------------
