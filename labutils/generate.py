@@ -58,6 +58,8 @@ def sampling_probs(logits: torch.Tensor, temperature: float = 0.0, top_k: int | 
     # Shift the max to 0 first (softmax does the same inside): a tiny temperature then sends the other
     # logits to -inf instead of overflowing every logit to +inf and the probabilities to NaN.
     logits = logits.float()
+    # A temperature below float32's smallest normal number would round to 0 (0 / 0 = NaN); it is greedy anyway.
+    temperature = max(temperature, torch.finfo(torch.float32).tiny)
     logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
@@ -171,7 +173,8 @@ def generate(model, ids, max_new_tokens: int, *, use_cache: bool = True, tempera
     max_new_tokens = check_count("max_new_tokens", max_new_tokens, 1)
     use_cache = check_flag("use_cache", use_cache)
     if seed is not None:
-        seed = check_count("seed", seed, 0, hint="any whole number >= 0 picks a reproducible stream; None picks none")
+        seed = check_count("seed", seed, 0, 2 ** 63 - 1,
+                           hint="any whole number >= 0 picks a reproducible stream; None picks none")
     check_sampling(temperature, top_k, top_p)
     T, ctx = ids.shape[1], model.config.context_length
     if T + max_new_tokens > ctx:

@@ -134,8 +134,9 @@ def _guarded(fn: Callable[[], T], what: str, hint: str) -> T:
     reason = None
     try:
         return fn()
-    except (MemoryError, RuntimeError) as err:
-        if not is_oom(err):
+    except (MemoryError, RuntimeError, TypeError) as err:
+        # A size past int64 is refused by torch with an "overflow" TypeError/RuntimeError: it does not fit either.
+        if not (is_oom(err) or "overflow" in str(err).lower()):
             raise
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
     # Raised outside the except block on purpose: the old traceback (whose frames hold the

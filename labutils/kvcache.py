@@ -25,9 +25,16 @@ class KVCache:
         device = None if device is None else check_device("device", device, DEVICE_KINDS + ("meta",))
         dtype = check_torch_dtype("dtype", dtype)
         shape = (config.n_layer, batch_size, config.n_kv_head, max_len, config.head_dim)
-        # empty, not zeros: attention only ever reads positions < pos, which have been written.
-        self.k = torch.empty(shape, device=device, dtype=dtype)
-        self.v = torch.empty(shape, device=device, dtype=dtype)
+        _check_room(config, batch_size, max_len, device, dtype)
+        try:
+            # empty, not zeros: attention only ever reads positions < pos, which have been written.
+            self.k = torch.empty(shape, device=device, dtype=dtype)
+            self.v = torch.empty(shape, device=device, dtype=dtype)
+        except (RuntimeError, MemoryError) as err:
+            from .hardware import is_oom
+            if not is_oom(err):
+                raise
+            raise ValueError(_too_big(config, batch_size, max_len, device, dtype, None)) from None
         self.batch_size, self.max_len = batch_size, max_len
         self.pos = 0
 
@@ -84,6 +91,35 @@ class KVCache:
 
     def reset(self) -> None:
         self.pos = 0
+
+
+def _cache_bytes(config, batch_size: int, max_len: int, dtype: torch.dtype) -> int:
+    from .dtypes import TORCH_DTYPES
+    from .roofline import kv_cache_bytes
+    if dtype in TORCH_DTYPES.values():
+        return kv_cache_bytes(config, max_len, batch_size, dtype)
+    # float64 (precision checks) is outside the course's dtype table: the same count at its element size.
+    return kv_cache_bytes(config, max_len, batch_size, "fp32") // 4 * dtype.itemsize
+
+
+def _too_big(config, batch_size, max_len, device, dtype, free) -> str:
+    need = _cache_bytes(config, batch_size, max_len, dtype)
+    room = f", and {torch.device(device or 'cpu')} has {free / 2**30:,.1f} GiB free" if free is not None else ""
+    return (f"a KV cache of batch_size={batch_size} x max_len={max_len} in {dtype} needs {need / 2**30:,.1f} GiB "
+            f"for keys and values{room}; ask for a smaller batch_size or max_len, or a 2-byte dtype")
+
+
+def _check_room(config, batch_size, max_len, device, dtype) -> None:
+    """Refuse a cache that cannot exist before torch tries: more than free memory, or more elements than int64."""
+    need = _cache_bytes(config, batch_size, max_len, dtype)
+    if need >= 2 ** 62:
+        raise ValueError(_too_big(config, batch_size, max_len, device, dtype, None))
+    if device is not None and torch.device(device).type == "meta":
+        return
+    from .hardware import free_memory_bytes
+    free = free_memory_bytes(device or "cpu")
+    if free is not None and need > free:
+        raise ValueError(_too_big(config, batch_size, max_len, device, dtype, free))
 
 
 __all__ = ["KVCache"]

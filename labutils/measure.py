@@ -125,7 +125,8 @@ def check_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 1,
     if need > 0.9 * free:
         raise ValueError(f"{preset} in {dtype} with batch {batch} and {prompt_len}+{new_tokens} tokens needs about "
                          f"{need / 1e9:.1f} GB, but only {free / 1e9:.1f} GB is free on {torch.device(device).type}; "
-                         "choose a smaller preset, a 2-byte dtype, a smaller batch or fewer tokens")
+                         "choose a smaller preset, a 2-byte dtype, a smaller batch or fewer tokens"
+                         + (f" (context_length={context_length} sets the position table)" if context_length else ""))
 
 
 def get_model(preset: str, dtype: str = "fp32", device="cpu", context_length: int | None = None) -> GPT:
@@ -170,7 +171,7 @@ def measure_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 
     """
     device = check_device("device", device)
     check_request(preset, prompt_len, new_tokens, batch, dtype, device, context_length)
-    repeats, seed = check_count("repeats", repeats, 1), check_count("seed", seed, 0)
+    repeats, seed = check_count("repeats", repeats, 1, 1000), check_count("seed", seed, 0, 2 ** 63 - 1)
     try:
         model = get_model(preset, dtype, device, context_length)
         g = torch.Generator().manual_seed(seed)

@@ -94,8 +94,8 @@ def weight_bytes(x, dtype=None) -> int:
 def step_weight_bytes(x, tokens_per_seq: int = 1, batch: int = 1, dtype=None) -> int:
     """Weight bytes one forward pass reads: every block weight and the output layer once, plus one
     embedding row per token (batch x tokens_per_seq of them). The rest of the tables stays unread."""
-    check_count("tokens_per_seq", tokens_per_seq, 1)
-    check_count("batch", batch, 1)
+    tokens_per_seq = check_count("tokens_per_seq", tokens_per_seq, 1)
+    batch = check_count("batch", batch, 1)
     c = counts(x)
     rows = batch * tokens_per_seq
     if _is_model(x):
@@ -121,8 +121,8 @@ def kv_bytes_per_token(x, dtype=torch.float16) -> int:
 
 def kv_cache_bytes(x, seq_len: int, batch_size: int = 1, dtype=torch.float16) -> int:
     """2 (K and V) x layers x kv_heads x head_dim x bytes x seq_len x batch."""
-    check_count("seq_len", seq_len, 0)
-    check_count("batch_size", batch_size, 1)
+    seq_len = check_count("seq_len", seq_len, 0)
+    batch_size = check_count("batch_size", batch_size, 1)
     return kv_bytes_per_token(x, dtype) * seq_len * batch_size
 
 
@@ -133,7 +133,7 @@ def tokens_where_cache_exceeds_weights(x, batch_size: int = 1, dtype=torch.float
     It can lie beyond the model's context length: then the cache never overtakes the weights for
     one request, and only a larger batch makes it.
     """
-    check_count("batch_size", batch_size, 1)
+    batch_size = check_count("batch_size", batch_size, 1)
     check_dtype("weight_dtype", weight_dtype)
     return weight_bytes(x, weight_dtype) // (kv_bytes_per_token(x, dtype) * batch_size) + 1
 
@@ -152,7 +152,7 @@ def flops_per_token(x, pos: int = 0) -> int:
     `pos` is how many keys the token attends to (its own included). pos=0 gives the classic
     "2 FLOPs per parameter per token" with the attention term left out.
     """
-    check_count("pos", pos, 0)
+    pos = check_count("pos", pos, 0)
     c = counts(x)
     return 2 * (c.body_params + c.head_params) + 4 * c.n_layer * pos * c.n_embd
 
@@ -160,8 +160,8 @@ def flops_per_token(x, pos: int = 0) -> int:
 def prefill_flops(x, prompt_len: int, batch: int = 1) -> int:
     """FLOPs of one prefill pass: every prompt token through the blocks, token t attending to t keys
     (causal), and the output layer for the last position only."""
-    check_count("prompt_len", prompt_len, 1)
-    check_count("batch", batch, 1)
+    prompt_len = check_count("prompt_len", prompt_len, 1)
+    batch = check_count("batch", batch, 1)
     c = counts(x)
     keys = prompt_len * (prompt_len + 1) // 2       # 1 + 2 + ... + prompt_len
     return batch * (2 * c.body_params * prompt_len + 2 * c.head_params + 4 * c.n_layer * c.n_embd * keys)
@@ -169,7 +169,7 @@ def prefill_flops(x, prompt_len: int, batch: int = 1) -> int:
 
 def decode_flops(x, pos: int, batch: int = 1) -> int:
     """FLOPs of one decode step: one new token per sequence, attending to `pos` cached keys."""
-    check_count("batch", batch, 1)
+    batch = check_count("batch", batch, 1)
     return batch * flops_per_token(x, pos)
 
 
@@ -179,22 +179,21 @@ def prefill_bytes(x, prompt_len: int, batch: int = 1, dtype=None) -> int:
     `dtype` is the weights' and cache's (default fp16) for a config or preset; a model's weights count as
     stored, and its cache in `dtype` (default: the model's float dtype).
     """
-    check_count("prompt_len", prompt_len, 1)
+    prompt_len = check_count("prompt_len", prompt_len, 1)
     weights = step_weight_bytes(x, prompt_len, batch, None if _is_model(x) else dtype)
     return weights + kv_cache_bytes(x, prompt_len, batch, _kv_dtype(x, dtype))
 
 
 def decode_bytes(x, pos: int, batch: int = 1, dtype=None) -> int:
     """Bytes one decode step reads: every weight once (shared by the batch) + `pos` KV-cache entries per sequence."""
-    check_count("pos", pos, 0)
+    pos = check_count("pos", pos, 0)
     weights = step_weight_bytes(x, 1, batch, None if _is_model(x) else dtype)
     return weights + kv_cache_bytes(x, pos, batch, _kv_dtype(x, dtype))
 
 
 def linear_flops(n_out: int, n_in: int, batch: int = 1) -> int:
     """FLOPs of y = x @ W.T for `batch` rows of x and W [n_out, n_in]: 2 x n_out x n_in per row."""
-    for name, v in (("n_out", n_out), ("n_in", n_in), ("batch", batch)):
-        check_count(name, v, 1)
+    n_out, n_in, batch = (check_count(name, v, 1) for name, v in (("n_out", n_out), ("n_in", n_in), ("batch", batch)))
     return 2 * n_out * n_in * batch
 
 
@@ -204,8 +203,7 @@ def linear_bytes(n_out: int, n_in: int, batch: int = 1, dtype=torch.float32) -> 
     At batch 1 (a GEMV) the weight is nearly all of it; as the batch grows the activations join in,
     which is why a GEMM's intensity stays below "batch FLOPs per weight byte".
     """
-    for name, v in (("n_out", n_out), ("n_in", n_in), ("batch", batch)):
-        check_count(name, v, 1)
+    n_out, n_in, batch = (check_count(name, v, 1) for name, v in (("n_out", n_out), ("n_in", n_in), ("batch", batch)))
     return (n_out * n_in + batch * (n_in + n_out)) * dtype_bytes(check_dtype("dtype", dtype))
 
 

@@ -11,6 +11,9 @@ import torch
 from .validate import check_count, check_device, check_timestamps, describe
 
 
+MAX_REPEATS = 100_000
+
+
 def synchronize(device: torch.device | str | None = None) -> None:
     """Wait until queued device work is done, so a host clock reading means something."""
     kind = torch.device(device).type if device is not None else None
@@ -42,7 +45,9 @@ def time_fn(fn: Callable[[], object], *, device: torch.device | str = "cpu",
     On CUDA we bracket each call with CUDA events, which time the GPU's own work
     rather than the host's launch of it. Elsewhere we synchronize and read the host clock.
     """
-    repeats, warmup = check_count("repeats", repeats, 1), check_count("warmup", warmup, 0)
+    # The bounds keep a typo (10**9 repeats) from stalling a notebook; a median needs a few dozen.
+    repeats = check_count("repeats", repeats, 1, MAX_REPEATS, hint="a median needs a few dozen repeats")
+    warmup = check_count("warmup", warmup, 0, MAX_REPEATS, hint="a few warm-up calls are enough")
     if not callable(fn):
         raise TypeError(f"fn must be a function of no arguments, got {describe(fn)}; wrap a call as lambda: f(x)")
     device = check_device("device", device)

@@ -174,6 +174,11 @@ def device_available(kind: str) -> bool:
     return kind == "cpu"
 
 
+def _kinds_text(kinds) -> str:
+    best_first = sorted(kinds, key=lambda k: ("cuda", "mps", "cpu", "meta").index(k))   # as pick_device tries them
+    return ", ".join(best_first[:-1]) + f" or {best_first[-1]}"
+
+
 def check_device(name: str, value, kinds=DEVICE_KINDS) -> torch.device:
     """A device this machine has: "cpu", "cuda", "cuda:N", "mps" or a torch.device; returns the torch.device.
 
@@ -184,9 +189,9 @@ def check_device(name: str, value, kinds=DEVICE_KINDS) -> torch.device:
     try:
         device = torch.device(value)
     except (RuntimeError, ValueError):
-        raise ValueError(f"unknown {name} {value!r}; choose one of {list(kinds)} (or 'cuda:N')") from None
+        raise ValueError(f"unknown {name} {value!r}; choose {_kinds_text(kinds)}") from None
     if device.type not in kinds:
-        raise ValueError(f"unknown {name} {value!r}; choose one of {list(kinds)} (or 'cuda:N')")
+        raise ValueError(f"unknown {name} {value!r}; choose {_kinds_text(kinds)}")
     if device.type != "meta" and not device_available(device.type):
         why = (f"this torch ({torch.__version__}) sees no CUDA GPU" if device.type == "cuda"
                else "this machine has no Apple GPU" if device.type == "mps" else "")
@@ -272,7 +277,9 @@ def check_row(name: str, row, numbers_: tuple[str, ...], others: tuple[str, ...]
 
 def check_timestamps(name: str, timestamps) -> list[float]:
     """Token timestamps: a non-empty sequence of finite seconds >= 0 that never decreases."""
-    if isinstance(timestamps, (str, bytes)) or not hasattr(timestamps, "__len__") or not hasattr(timestamps, "__iter__"):
+    if hasattr(timestamps, "tolist") and getattr(timestamps, "ndim", None) == 1:    # a numpy array or a tensor
+        timestamps = timestamps.tolist()
+    if not isinstance(timestamps, (list, tuple)):
         raise TypeError(f"{name} must be a list of seconds, one per token, got {describe(timestamps)}")
     if len(timestamps) == 0:
         raise ValueError(f"{name} is empty: no token timestamps; a request must produce at least one token")
