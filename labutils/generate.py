@@ -162,6 +162,20 @@ def as_batch(ids, device) -> torch.Tensor:
     return ids.to(device=device, dtype=torch.long)
 
 
+def check_request(model, ids, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
+                  top_p: float | None = None) -> torch.Tensor:
+    """Refuse a request that cannot run, before any forward pass; returns ids as [batch, T] on the model's device."""
+    ids = as_batch(ids, model_device(model))
+    max_new_tokens = check_count("max_new_tokens", max_new_tokens, 1)
+    check_sampling(temperature, top_k, top_p)
+    T, ctx = ids.shape[1], model.config.context_length
+    if T + max_new_tokens > ctx:
+        raise ValueError(f"prompt ({T}) + max_new_tokens ({max_new_tokens}) = {T + max_new_tokens} tokens "
+                         f"exceed the context length {ctx}; shorten one of them")
+    model.check_ids(ids)
+    return ids
+
+
 @torch.inference_mode()
 def generate(model, ids, max_new_tokens: int, *, use_cache: bool = True, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, seed: int | None = None) -> GenerationResult:
@@ -169,18 +183,12 @@ def generate(model, ids, max_new_tokens: int, *, use_cache: bool = True, tempera
     whole sequence: the baseline that shows what the cache saves."""
     t0 = time.perf_counter()   # the request starts now: validation and cache allocation count toward TTFT
     device = model_device(model)
-    ids = as_batch(ids, device)
-    max_new_tokens = check_count("max_new_tokens", max_new_tokens, 1)
+    ids = check_request(model, ids, max_new_tokens, temperature, top_k, top_p)
+    T, max_new_tokens = ids.shape[1], int(max_new_tokens)
     use_cache = check_flag("use_cache", use_cache)
     if seed is not None:
         seed = check_count("seed", seed, 0, 2 ** 63 - 1,
                            hint="any whole number >= 0 picks a reproducible stream; None picks none")
-    check_sampling(temperature, top_k, top_p)
-    T, ctx = ids.shape[1], model.config.context_length
-    if T + max_new_tokens > ctx:
-        raise ValueError(f"prompt ({T}) + max_new_tokens ({max_new_tokens}) = {T + max_new_tokens} tokens "
-                         f"exceed the context length {ctx}; shorten one of them")
-    model.check_ids(ids)
     generator = None
     if seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)

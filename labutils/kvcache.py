@@ -6,37 +6,55 @@ from __future__ import annotations
 
 import torch
 
-from .validate import DEVICE_KINDS, check_count, check_device, check_torch_dtype
+from .validate import DEVICE_KINDS, DoesNotFitError, check_count, check_device, check_torch_dtype
 
 
-class KVCache:
-    """Preallocated keys and values for every layer: [n_layer, batch, n_kv_head, max_len, head_dim].
+def cache_args(config, batch_size, max_len, device, dtype):
+    """Check a cache's arguments, one rule for every cache: (batch_size, max_len, device, dtype), normalized.
 
-    Static shapes, written in place: nothing is allocated while decoding, which is what later
-    makes CUDA graphs possible. `pos` counts the positions already written.
+    A cache that could never be allocated (more bytes than free memory, or than int64 counts) is
+    refused here, by name, before torch tries.
     """
+    max_len = config.context_length if max_len is None else max_len
+    max_len = check_count("max_len", max_len, 1, config.context_length,
+                          hint=f"it exceeds the context length {config.context_length}; the position table "
+                               "has no row for later positions")
+    batch_size = check_count("batch_size", batch_size, 1)
+    device = None if device is None else check_device("device", device, DEVICE_KINDS + ("meta",))
+    dtype = check_torch_dtype("dtype", dtype)
+    need = _cache_bytes(config, batch_size, max_len, dtype)
+    free = None
+    if need < 2 ** 62 and (device is None or device.type != "meta"):
+        from .hardware import free_memory_bytes
+        free = free_memory_bytes(device or "cpu")
+    if need >= 2 ** 62 or (free is not None and need > free):
+        raise DoesNotFitError(does_not_fit(config, batch_size, max_len, device, dtype, free))
+    return batch_size, max_len, device, dtype
 
-    def __init__(self, config, batch_size: int = 1, max_len: int | None = None,
-                 device=None, dtype=torch.float32):
-        max_len = config.context_length if max_len is None else max_len
-        max_len = check_count("max_len", max_len, 1, config.context_length,
-                              hint=f"a cache holds at most the context length {config.context_length}")
-        batch_size = check_count("batch_size", batch_size, 1)
-        device = None if device is None else check_device("device", device, DEVICE_KINDS + ("meta",))
-        dtype = check_torch_dtype("dtype", dtype)
-        shape = (config.n_layer, batch_size, config.n_kv_head, max_len, config.head_dim)
-        _check_room(config, batch_size, max_len, device, dtype)
-        try:
-            # empty, not zeros: attention only ever reads positions < pos, which have been written.
-            self.k = torch.empty(shape, device=device, dtype=dtype)
-            self.v = torch.empty(shape, device=device, dtype=dtype)
-        except (RuntimeError, MemoryError) as err:
-            from .hardware import is_oom
-            if not is_oom(err):
-                raise
-            raise ValueError(_too_big(config, batch_size, max_len, device, dtype, None)) from None
-        self.batch_size, self.max_len = batch_size, max_len
-        self.pos = 0
+
+def _cache_bytes(config, batch_size: int, max_len: int, dtype: torch.dtype) -> int:
+    from .dtypes import TORCH_DTYPES
+    from .roofline import kv_cache_bytes
+    if dtype in TORCH_DTYPES.values():
+        return kv_cache_bytes(config, max_len, batch_size, dtype)
+    # float64 (precision checks) is outside the course's dtype table: the same count at its element size.
+    return kv_cache_bytes(config, max_len, batch_size, "fp32") // 4 * dtype.itemsize
+
+
+def does_not_fit(config, batch_size, max_len, device, dtype, free=None) -> str:
+    """The message for a cache that memory cannot hold: its size, what is free, and what to shrink."""
+    need = _cache_bytes(config, batch_size, max_len, dtype)
+    room = f" ({free / 2**30:,.1f} GiB free)" if free is not None else ""
+    return (f"a KV cache of {need / 2**30:,.1f} GiB (batch_size={batch_size} x max_len={max_len}, {dtype}) does not "
+            f"fit on {torch.device(device or 'cpu')}{room}. Ask for a smaller batch_size or max_len (fewer new "
+            "tokens), or a 16-bit dtype")
+
+
+class KVBuffers:
+    """What every cache with k and v buffers [n_layer, batch, n_kv_head, max_len, head_dim] shares."""
+
+    k: torch.Tensor
+    v: torch.Tensor
 
     @property
     def nbytes(self) -> int:
@@ -53,8 +71,37 @@ class KVCache:
 
     def __repr__(self) -> str:
         n_layer, B, n_kv, L, hd = self.k.shape
-        return (f"KVCache(n_layer={n_layer}, batch_size={B}, n_kv_head={n_kv}, max_len={L}, head_dim={hd}, "
-                f"pos={self.pos}, dtype={self.dtype}, nbytes={self.nbytes:,})")
+        # A position kept on the device is not printed: reading it would be a host sync.
+        pos = f"pos={self.pos}, " if isinstance(self.pos, int) else ""
+        return (f"{type(self).__name__}(n_layer={n_layer}, batch_size={B}, n_kv_head={n_kv}, max_len={L}, "
+                f"head_dim={hd}, {pos}dtype={self.dtype}, nbytes={self.nbytes:,})")
+
+
+class KVCache(KVBuffers):
+    """Preallocated keys and values for every layer: [n_layer, batch, n_kv_head, max_len, head_dim].
+
+    Static shapes, written in place: nothing is allocated while decoding, which is what later
+    makes CUDA graphs possible. `pos` counts the positions already written.
+    """
+
+    # update() hands back only the written prefix, so attention masks by offset (cache.pos), not by a mask.
+    mask = None
+
+    def __init__(self, config, batch_size: int = 1, max_len: int | None = None,
+                 device=None, dtype=torch.float32):
+        batch_size, max_len, device, dtype = cache_args(config, batch_size, max_len, device, dtype)
+        shape = (config.n_layer, batch_size, config.n_kv_head, max_len, config.head_dim)
+        try:
+            # empty, not zeros: attention only ever reads positions < pos, which have been written.
+            self.k = torch.empty(shape, device=device, dtype=dtype)
+            self.v = torch.empty(shape, device=device, dtype=dtype)
+        except (RuntimeError, MemoryError) as err:
+            from .hardware import is_oom
+            if not is_oom(err):
+                raise
+            raise DoesNotFitError(does_not_fit(config, batch_size, max_len, device, dtype)) from None
+        self.batch_size, self.max_len = batch_size, max_len
+        self.pos = 0
 
     def clone(self) -> "KVCache":
         """An independent copy (buffers and position), e.g. to try a step without touching this cache."""
@@ -70,6 +117,10 @@ class KVCache:
         if self.pos + n_new > self.max_len:
             raise ValueError(f"cache holds {self.max_len} positions; {self.pos} used, {n_new} more do not fit. "
                              "Make a larger KVCache (max_len) or reset() it")
+
+    def begin(self, n_new: int) -> torch.Tensor:
+        """Called once per forward, before any layer: the absolute positions [n_new] of the new tokens."""
+        return torch.arange(self.pos, self.pos + n_new, device=self.device)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Write this step's keys/values at [pos, pos+T) and return all of them so far."""
@@ -93,33 +144,4 @@ class KVCache:
         self.pos = 0
 
 
-def _cache_bytes(config, batch_size: int, max_len: int, dtype: torch.dtype) -> int:
-    from .dtypes import TORCH_DTYPES
-    from .roofline import kv_cache_bytes
-    if dtype in TORCH_DTYPES.values():
-        return kv_cache_bytes(config, max_len, batch_size, dtype)
-    # float64 (precision checks) is outside the course's dtype table: the same count at its element size.
-    return kv_cache_bytes(config, max_len, batch_size, "fp32") // 4 * dtype.itemsize
-
-
-def _too_big(config, batch_size, max_len, device, dtype, free) -> str:
-    need = _cache_bytes(config, batch_size, max_len, dtype)
-    room = f", and {torch.device(device or 'cpu')} has {free / 2**30:,.1f} GiB free" if free is not None else ""
-    return (f"a KV cache of batch_size={batch_size} x max_len={max_len} in {dtype} needs {need / 2**30:,.1f} GiB "
-            f"for keys and values{room}; ask for a smaller batch_size or max_len, or a 2-byte dtype")
-
-
-def _check_room(config, batch_size, max_len, device, dtype) -> None:
-    """Refuse a cache that cannot exist before torch tries: more than free memory, or more elements than int64."""
-    need = _cache_bytes(config, batch_size, max_len, dtype)
-    if need >= 2 ** 62:
-        raise ValueError(_too_big(config, batch_size, max_len, device, dtype, None))
-    if device is not None and torch.device(device).type == "meta":
-        return
-    from .hardware import free_memory_bytes
-    free = free_memory_bytes(device or "cpu")
-    if free is not None and need > free:
-        raise ValueError(_too_big(config, batch_size, max_len, device, dtype, free))
-
-
-__all__ = ["KVCache"]
+__all__ = ["KVBuffers", "KVCache", "cache_args", "does_not_fit"]

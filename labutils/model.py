@@ -1,4 +1,4 @@
-"""A GPT in one file: config with named presets, the blocks, the model, and checkpoint loading."""
+"""A GPT in one file: config with named presets, the blocks, the model, and checkpoints (course and GPT-2 format)."""
 from __future__ import annotations
 
 import dataclasses
@@ -97,11 +97,14 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        q_offset = 0
+        q_offset, mask = 0, None
         if cache is not None:
-            q_offset = cache.pos
+            # KVCache returns the written prefix (mask None: causal by offset); a static cache returns
+            # its whole buffer and the mask of the keys written so far (labutils.static_cache).
+            mask = cache.mask
+            q_offset = cache.pos if mask is None else 0
             k, v = cache.update(self.layer_idx, k, v)   # now every key and value so far
-        y = attention(q, k, v, q_offset=q_offset, impl=self.impl)
+        y = attention(q, k, v, q_offset=q_offset, impl=self.impl, mask=mask)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
 
@@ -182,20 +185,26 @@ class GPT(nn.Module):
     def forward(self, ids: torch.Tensor, cache=None, *, check: bool = True, last_only: bool = False) -> torch.Tensor:
         """ids [batch, seq] -> logits [batch, seq, vocab]. With a cache, ids continue from cache.pos.
 
+        A cache is anything with begin(n) -> positions, update(layer, k, v) -> (keys, values), a
+        `mask` (None, or [n, keys] bool), advance(n), pos and check_fits: kvcache.KVCache and
+        static_cache.StaticKVCache both are.
+
         `check=False` skips input validation (a host sync); decode_step feeds the model's own
         argmax, which is always in range. `last_only=True` returns logits for the last position
         only ([batch, 1, vocab]): generation needs nothing else, and for a long prompt the output
         layer over every position is a large share of prefill's FLOPs and a [T, vocab] tensor.
         Training keeps every position.
         """
-        start = cache.pos if cache is not None else 0
         if check:
-            self.check_ids(ids, start)
+            # int(): a static cache keeps pos on the device; reading it is a host sync, like check_ids.
+            self.check_ids(ids, int(cache.pos) if cache is not None else 0)
             if cache is not None:
                 check_cache(cache, self)     # layers, heads, dtype, device: once per request, not per step
                 cache.check_fits(ids.shape[0], ids.shape[1])
         T = ids.shape[1]
-        pos = torch.arange(start, start + T, device=ids.device)
+        # The cache says where the new tokens sit: a Python int for KVCache, a device tensor for a
+        # static cache (so a captured CUDA graph reads the position instead of baking it in).
+        pos = torch.arange(T, device=ids.device) if cache is None else cache.begin(T)
         x = self.tok_emb(ids) + self.pos_emb(pos)
         for block in self.blocks:
             x = block(x, cache)
@@ -297,6 +306,60 @@ def load_hf_gpt2(path: str | Path, device=None, dtype: torch.dtype = torch.float
                                  f"(n_embd={cfg.n_embd}, vocab_size={cfg.vocab_size}) needs {shape}")
             params[ours].copy_(w.t() if transpose else w)
     return model.to(device=device, dtype=dtype).eval()
+
+
+def save_hf_gpt2(model: GPT, path: str | Path, *, eos_token_id: int | None = None) -> Path:
+    """Write `model` as a Hugging Face GPT-2 folder (config.json + model.safetensors): load_hf_gpt2's inverse.
+
+    Any server that reads GPT2LMHeadModel folders (vLLM, SGLang, TGI, transformers) can then load the
+    course's own model. eos_token_id defaults to the last id, where GPT-2 and the course encoding
+    both keep <|endoftext|>. Returns the folder.
+    """
+    if not isinstance(model, GPT):
+        raise TypeError(f"save_hf_gpt2 takes a labutils GPT, got {type(model).__name__}")
+    cfg = model.config
+    unsupported = {"gated_mlp": (cfg.gated_mlp, False), "bias": (cfg.bias, True),
+                   "n_kv_head": (cfg.n_kv_head, cfg.n_head)}
+    for key, (value, gpt2) in unsupported.items():
+        if value != gpt2:
+            raise ValueError(f"config {key}={value!r} has no GPT-2 equivalent (GPT-2 has {key}={gpt2!r}); "
+                             "save_hf_gpt2 writes GPT-2-shaped models only")
+    params = dict(model.named_parameters())
+    names = _hf_gpt2_names(cfg)
+    missing = sorted({ours for ours, _, _ in names.values()} - params.keys())
+    if missing:
+        raise ValueError(f"the model has no parameter {missing[0]!r}; a quantized model (quant.quantize_) "
+                         "cannot be written as GPT-2: save the fp32/bf16 model before quantizing")
+    if eos_token_id is None:
+        eos_token_id = cfg.vocab_size - 1
+    if not 0 <= eos_token_id < cfg.vocab_size:
+        raise ValueError(f"eos_token_id={eos_token_id} is outside the vocab of size {cfg.vocab_size}")
+    try:
+        from safetensors.torch import save_file
+    except ImportError:
+        raise ImportError("save_hf_gpt2 writes safetensors: pip install safetensors") from None
+    # Conv1D stores [in, out]: transpose back. contiguous() gives each tensor its own storage,
+    # which safetensors requires (a tied lm_head is simply not written, as save_pretrained does).
+    tensors = {"transformer." + hf: (params[ours].t() if transpose else params[ours]).detach().cpu().contiguous()
+               for hf, (ours, _, transpose) in names.items()}
+    if "transformer.lm_head.weight" in tensors:
+        tensors["lm_head.weight"] = tensors.pop("transformer.lm_head.weight")
+    dtype = next(iter(tensors.values())).dtype
+    hf_config = {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+        "vocab_size": cfg.vocab_size, "n_positions": cfg.context_length, "n_ctx": cfg.context_length,
+        "n_embd": cfg.n_embd, "n_layer": cfg.n_layer, "n_head": cfg.n_head, "n_inner": cfg.n_inner,
+        "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+        "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
+        "tie_word_embeddings": cfg.tie_weights, "bos_token_id": eos_token_id, "eos_token_id": eos_token_id,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+    }
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    return path
 
 
 def load_checkpoint(path: str | Path, map_location="cpu") -> GPT:

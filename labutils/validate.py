@@ -165,6 +165,10 @@ class DeviceUnavailableError(ValueError, RuntimeError):
     """A device this machine does not have. A ValueError (a bad argument) and, for older callers, a RuntimeError."""
 
 
+class DoesNotFitError(ValueError, MemoryError):
+    """A setting this machine's memory cannot hold: a ValueError (change the setting) and a MemoryError."""
+
+
 def device_available(kind: str) -> bool:
     """Whether this machine and this build of torch can run on a device kind ("cpu", "cuda", "mps")."""
     if kind == "cuda":
@@ -293,6 +297,6 @@ def check_timestamps(name: str, timestamps) -> list[float]:
     return values
 
 
-__all__ = ["DEVICE_KINDS", "DeviceUnavailableError", "check_cache", "check_choice", "check_count", "check_device",
+__all__ = ["DEVICE_KINDS", "DeviceUnavailableError", "DoesNotFitError", "check_cache", "check_choice", "check_count", "check_device",
            "check_dtype", "check_flag", "check_torch_dtype", "check_number", "check_positive", "check_probability", "check_row", "check_temperature",
            "check_timestamps", "check_token_ids", "describe", "device_available", "model_device", "model_dtype"]

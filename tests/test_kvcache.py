@@ -149,8 +149,8 @@ def test_clone_is_independent():
     cache.update(0, k0, v0)
     cache.advance(3)
     copy = cache.clone()
-    # Only written positions are defined: the buffers come from torch.empty and may hold NaN elsewhere.
-    assert copy.pos == 3 and torch.equal(copy.k[:, :, :, :3], cache.k[:, :, :, :3])
+    # Only written entries are defined (layer 0, positions < 3): torch.empty may hold NaN elsewhere.
+    assert copy.pos == 3 and torch.equal(copy.k[0, :, :, :3], cache.k[0, :, :, :3])
     copy.k.zero_()
     copy.advance(1)
     assert torch.equal(cache.k[0, :, :, :3], k0) and cache.pos == 3
@@ -177,7 +177,7 @@ def test_batch_mismatch_in_update():
 
 def test_bad_construction():
     _, cfg = small_cache()
-    with pytest.raises(ValueError, match="max_len must be <= 16, got 17; a cache holds at most the context length 16"):
+    with pytest.raises(ValueError, match="max_len must be <= 16, got 17; it exceeds the context length 16"):
         KVCache(cfg, 1, 17)
     with pytest.raises(ValueError, match="max_len"):
         KVCache(cfg, 1, 0)

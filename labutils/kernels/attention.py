@@ -3,6 +3,8 @@
 Shapes: q is [batch, n_head, Tq, head_dim]; k and v are [batch, n_kv_head, Tk, head_dim].
 `q_offset` is the absolute position of the first query. Prefill has q_offset=0 and Tq=Tk;
 a decode step with a KV cache has one query at q_offset=Tk-1 that may look at every key.
+`mask` ([Tq, Tk] bool, True = may attend) replaces the offset: a static cache hands over its
+whole preallocated buffer, and only the cache knows which of those keys are written yet.
 """
 from __future__ import annotations
 
@@ -19,46 +21,73 @@ def causal_mask(tq: int, tk: int, q_offset: int = 0, device=None) -> torch.Tenso
     return cols <= rows
 
 
-def _repeat_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-    """GQA/MQA: each group of query heads shares one KV head; copy KV heads up to the query count."""
+def _group(q: torch.Tensor, k: torch.Tensor) -> int:
+    """GQA/MQA: how many query heads share each KV head."""
     n_head, n_kv = q.shape[1], k.shape[1]
     if n_head % n_kv:
         raise ValueError(f"n_head={n_head} is not a multiple of n_kv_head={n_kv}")
-    if n_head == n_kv:
+    return n_head // n_kv
+
+
+def _repeat_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """Copy KV heads up to the query count: the readable way, at the price of group x the K/V bytes."""
+    rep = _group(q, k)
+    if rep == 1:
         return k, v
-    rep = n_head // n_kv
     return k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
 
 
-def naive_attention(q, k, v, q_offset: int = 0) -> torch.Tensor:
+def naive_attention(q, k, v, q_offset: int = 0, mask: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(QK^T / sqrt(d) + causal mask) V, with the full [Tq, Tk] score matrix in memory."""
     k, v = _repeat_kv(q, k, v)
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
-    allowed = causal_mask(q.shape[-2], k.shape[-2], q_offset, q.device)
+    allowed = causal_mask(q.shape[-2], k.shape[-2], q_offset, q.device) if mask is None else mask
     scores = scores.masked_fill(~allowed, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
 
 
-def sdpa_attention(q, k, v, q_offset: int = 0) -> torch.Tensor:
-    """The same maths through one fused call, which never writes the score matrix to memory on GPU."""
-    k, v = _repeat_kv(q, k, v)
+def _grouped_sdpa(q, k, v, mask: torch.Tensor) -> torch.Tensor:
+    """Masked GQA without copying K/V: fold each group of query heads into the query axis.
+
+    q [B, n_head, Tq, d] -> [B, n_kv, group * Tq, d], so every KV head meets its own queries;
+    the mask repeats once per group. Fused kernels that take a mask but not unequal head counts
+    (CUDA's memory-efficient kernel) still run, instead of a fallback that repeats K/V.
+    """
+    B, H, tq, d = q.shape
+    group = _group(q, k)
+    if group == 1:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    qg = q.reshape(B, k.shape[1], group * tq, d)       # a view when tq == 1 (decode)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask.repeat(group, 1) if tq > 1 else mask)
+    return out.view(B, H, tq, d)
+
+
+def sdpa_attention(q, k, v, q_offset: int = 0, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The same maths through one fused call, which never writes the score matrix to memory on GPU.
+
+    GQA reads each KV head once (`enable_gqa`, or a grouped view under a mask): no repeated copy,
+    so the bytes moved match roofline.decode_bytes.
+    """
+    gqa = _group(q, k) > 1
     tq, tk = q.shape[-2], k.shape[-2]
+    if mask is not None:
+        return _grouped_sdpa(q, k, v, mask)
     if tk == q_offset + tq and tq == 1:
         # A decode step: the single query is the newest position and may see every key.
-        return F.scaled_dot_product_attention(q, k, v)
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
     if q_offset == 0 and tq == tk:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
     # is_causal aligns the mask top-left, which is wrong for an offset query block: pass it explicitly.
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(tq, tk, q_offset, q.device))
+    return _grouped_sdpa(q, k, v, causal_mask(tq, tk, q_offset, q.device))
 
 
 ATTENTION_IMPLS = {"naive": naive_attention, "sdpa": sdpa_attention}
 
 
-def attention(q, k, v, q_offset: int = 0, impl: str = "sdpa") -> torch.Tensor:
+def attention(q, k, v, q_offset: int = 0, impl: str = "sdpa", mask: torch.Tensor | None = None) -> torch.Tensor:
     """Dispatch to one implementation by name; both give the same numbers."""
     try:
         fn = ATTENTION_IMPLS[impl]
     except KeyError:
         raise ValueError(f"unknown attention impl {impl!r}; choose one of {list(ATTENTION_IMPLS)}") from None
-    return fn(q, k, v, q_offset)
+    return fn(q, k, v, q_offset) if mask is None else fn(q, k, v, q_offset, mask=mask)

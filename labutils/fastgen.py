@@ -1,0 +1,333 @@
+"""The fast decode loop: static shapes, no host sync per token, sampling on the device, CUDA graphs / torch.compile.
+
+Lesson 05's `generate()` is correct, and on a GPU it would measure overhead rather than the
+memory wall. This loop removes one overhead at a time, and each step is a named stage (STAGES)
+that lesson 08 times with this same code:
+
+1. Host syncs out ("sync-free"). generate() copies every token to the host and synchronizes, so
+   the CPU waits for the GPU and the GPU then idles while Python launches the next step. Here the
+   next token stays on the device and feeds the next step directly; it is also copied into a
+   pinned host buffer with non_blocking=True, which does not wait. Sampling avoids
+   torch.multinomial (it syncs): the exponential race, argmax(p / E) with E ~ Exponential(1),
+   picks token i with probability p_i. Timestamps come from CUDA events, read once at the end.
+2. Static shapes ("static"). Lesson 06's KVCache returns a slice that grows each step and keeps
+   its position as a Python int: a new shape and a new constant every step. StaticKVCache writes
+   at a device-tensor position (index_copy_), attends over its whole buffer under a mask built
+   from that position, and feeds the same position to the position embedding.
+3. Graphs ("graph", "compile", CUDA). A decode step of a small model is hundreds of tiny kernels;
+   launching them from Python costs more than running them. A CUDA graph records the step once
+   and replays it with one launch. torch.compile(mode="reduce-overhead") does the same and fuses
+   kernels too. Capture and compile time are reported apart from TPOT (`setup_s`).
+
+GQA reads each KV head once (kernels.attention): no repeated K/V, so the bytes moved per step are
+roofline.decode_bytes. Greedy tokens equal generate()'s (tests/test_fastgen.py).
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .generate import GenerationResult, check_request, check_sampling, sampling_probs
+from .kvcache import KVCache
+from .static_cache import StaticKVCache
+
+MODES = ("auto", "eager", "graph", "compile")
+CACHES = ("static", "growing")
+# Lesson 08's ladder, after generate() itself: fast_generate(model, ids, n, **STAGES[name]).
+STAGES = {
+    "sync-free": dict(cache="growing", mode="eager"),
+    "static": dict(cache="static", mode="eager"),
+    "graph": dict(cache="static", mode="graph"),
+}
+
+
+@dataclass
+class FastGenerationResult(GenerationResult):
+    """A GenerationResult, plus how it was produced."""
+
+    mode: str = "eager"             # the step runner that actually ran: eager, graph or compile
+    setup_s: float = 0.0            # cache allocation + capture/compile, before the request's clock started
+    fallback: str | None = None     # why the requested mode did not run, or None
+
+
+def pick_token(logits: torch.Tensor, noise: torch.Tensor | None, temperature: float = 0.0,
+               top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
+    """logits [batch, vocab] -> token [batch], on the device and without a host sync.
+
+    Greedy is the argmax. Otherwise the exponential race: argmax(p / E) with E ~ Exponential(1)
+    drawn into `noise`, which picks token i with probability p_i (the smallest of E_i / p_i wins,
+    and E_i / p_i is exponential with rate p_i). p is generate.sampling_probs: one definition.
+    """
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    return (sampling_probs(logits, temperature, top_k, top_p) / noise).argmax(dim=-1)
+
+
+def decode_one(model, token: torch.Tensor, cache, noise: torch.Tensor | None = None, **sampling) -> torch.Tensor:
+    """One decode step, token [batch, 1] -> next token [batch]: no validation, no host read."""
+    logits = model(token, cache, check=False, last_only=True)[:, -1]
+    return pick_token(logits, noise, **sampling)
+
+
+def _check_choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"unknown {name} {value!r}; choose one of {list(choices)}")
+
+
+def _unavailable(mode: str, device: torch.device, cache: str) -> str | None:
+    """Why `mode` cannot run here (a fallback reason), or None."""
+    if mode in ("graph", "compile") and cache == "growing":
+        return (f"{mode} needs static shapes, and the growing cache changes shape every step; "
+                "running eager (use cache='static')")
+    if mode == "graph" and device.type != "cuda":
+        return f"CUDA graphs need an NVIDIA GPU and the model is on {device.type}; running eager"
+    return None
+
+
+class FastDecoder:
+    """One cache and one decode-step runner for requests of a fixed batch size, up to max_len positions.
+
+    Build it once and call generate() many times: the capture (or compile) is paid in __init__,
+    reported as `setup_s`, and reused by every request. `fast_generate` builds one per call.
+    """
+
+    @torch.inference_mode()
+    def __init__(self, model, batch_size: int = 1, max_len: int | None = None, *, mode: str = "auto",
+                 cache: str = "static", temperature: float = 0.0, top_k: int | None = None,
+                 top_p: float | None = None):
+        t0 = time.perf_counter()
+        _check_choice("mode", mode, MODES)
+        _check_choice("cache", cache, CACHES)
+        check_sampling(temperature, top_k, top_p)
+        self.model = model
+        param = next(model.parameters())
+        self.device, cfg = param.device, model.config
+        max_len = cfg.context_length if max_len is None else max_len
+        make = StaticKVCache if cache == "static" else KVCache
+        self.cache = make(cfg, batch_size, max_len, device=self.device, dtype=param.dtype)
+        self.batch_size, self.max_len, self.cache_kind = batch_size, max_len, cache
+        self.sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+        # The step's inputs live in fixed buffers: a captured graph reads them at fixed addresses.
+        self.token = torch.zeros(batch_size, 1, dtype=torch.long, device=self.device)
+        self.noise = (torch.ones(batch_size, cfg.vocab_size, device=self.device) if temperature > 0 else None)
+
+        if mode == "auto":
+            # CUDA: the graph. Elsewhere eager: no CUDA graphs, and inductor's compile takes longer
+            # on a CPU than a lesson's time budget allows (time it with mode="compile").
+            mode = "graph" if self.device.type == "cuda" and cache == "static" else "eager"
+        self.fallback = _unavailable(mode, self.device, cache)
+        self.mode = "eager" if self.fallback else mode
+        self._run: Callable[[], None] = self.step
+        if self.mode == "graph":
+            self._try(self._capture_graph, "CUDA graph capture")
+        elif self.mode == "compile":
+            self._try(self._compile, "torch.compile")
+        if self.fallback:
+            warnings.warn(f"fast decode: {self.fallback}", RuntimeWarning, stacklevel=3)
+        self._reset()
+        self.setup_s = time.perf_counter() - t0
+
+    # -- the step and its runners ----------------------------------------------------------------
+
+    def step(self) -> None:
+        """One eager decode step in place: reads self.token, writes the cache, leaves the next token in self.token."""
+        nxt = decode_one(self.model, self.token, self.cache, self.noise, **self.sampling)
+        self.token.copy_(nxt[:, None])
+
+    def _try(self, build: Callable[[], Callable[[], None]], what: str) -> None:
+        try:
+            self._run = build()
+        except Exception as err:   # any failure to capture/compile: keep going, eager, and say why
+            first = (str(err).strip().splitlines() or [""])[0][:200]
+            self.fallback = f"{what} failed ({type(err).__name__}: {first}); running eager"
+            self.mode, self._run = "eager", self.step
+            self._reset()
+
+    def _capture_graph(self) -> Callable[[], None]:
+        """Record one decode step into a torch.cuda.CUDAGraph; replay() then launches all of it at once."""
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(3):            # warm-up off the capture: lazy init, workspace allocation
+                self.step()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        self._reset()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.step()                   # recorded, not run: the cache and position stay untouched
+        self._graph = graph               # keep the graph (and its memory pool) alive
+        return graph.replay
+
+    def _compile(self) -> Callable[[], None]:
+        """torch.compile the step; on CUDA, "reduce-overhead" also replays it as a CUDA graph."""
+        c = self.cache                    # a StaticKVCache: _unavailable() refuses compile with a growing one
+        for t in (c.k, c.v, c.pos, c._key_pos, self.token, *([self.noise] if self.noise is not None else [])):
+            torch._dynamo.mark_static_address(t)   # fixed buffers: no copy into the graph's inputs per call
+        compiled = torch.compile(self.step, mode="reduce-overhead", fullgraph=True, dynamic=False)
+        for _ in range(3):                # compile, record, replay once: all before the request starts
+            compiled()
+        self._reset()
+        return compiled
+
+    def _reset(self) -> None:
+        self.cache.reset()
+        self.token.zero_()
+        self._used = False
+
+    # -- one request -------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def generate(self, ids, max_new_tokens: int, *, seed: int | None = None,
+                 on_token: Callable[[torch.Tensor], object] | None = None) -> FastGenerationResult:
+        """Prefill, then decode; same result as generate.generate (tokens [batch, new] on the CPU, host timestamps).
+
+        `on_token(tokens)` receives each step's tokens [batch] on the CPU as soon as they are there,
+        for streaming text. On CUDA it runs as the events say the copies landed, never blocking a step.
+        """
+        ids = check_request(self.model, ids, max_new_tokens, **self.sampling)
+        B, T, n = ids.shape[0], ids.shape[1], int(max_new_tokens)
+        if B != self.batch_size:
+            raise ValueError(f"a batch of {B} prompts does not match this decoder's batch_size={self.batch_size}; "
+                             "build a FastDecoder for that batch size")
+        if T + n > self.max_len:
+            raise ValueError(f"prompt ({T}) + max_new_tokens ({n}) = {T + n} positions do not fit the cache's "
+                             f"max_len={self.max_len}; build a FastDecoder with a larger max_len or ask for fewer")
+        if on_token is not None and not callable(on_token):
+            raise TypeError(f"on_token must be a function of one [batch] tensor, got {type(on_token).__name__}")
+        if self._used:
+            self._reset()                 # zeroing the cache belongs to setup, not to this request's clock
+        self._used = True
+        cuda = self.device.type == "cuda"
+        gen = None
+        if seed is not None and self.noise is not None:
+            gen = torch.Generator(device=self.device).manual_seed(seed)
+        host = torch.empty((n, B), dtype=torch.long, pin_memory=cuda)   # row i: step i's tokens
+        if cuda:
+            start, events = torch.cuda.Event(enable_timing=True), [torch.cuda.Event(enable_timing=True)
+                                                                   for _ in range(n)]
+            torch.cuda.synchronize(self.device)   # the GPU starts idle, so its clock and the host's agree
+
+        t0 = time.perf_counter()
+        stamps: list[float] = []
+        if cuda:
+            start.record()                        # the request's start on the device clock
+            offset = time.perf_counter() - t0
+        pending: list[int] = []
+
+        def land(i: int) -> None:
+            """Step i's tokens are in self.token: copy them out without waiting, stamp them."""
+            host[i].copy_(self.token[:, 0], non_blocking=cuda)
+            if not cuda:                          # CPU ops are synchronous: the host clock is honest
+                stamps.append(time.perf_counter() - t0)
+                if on_token is not None:
+                    on_token(host[i])
+                return
+            events[i].record()
+            if on_token is not None:
+                pending.append(i)
+                while pending and events[pending[0]].query():   # query() asks; it does not wait
+                    on_token(host[pending.pop(0)])
+
+        def draw() -> None:
+            if self.noise is not None:
+                self.noise.exponential_(generator=gen).clamp_min_(1e-30)   # E = 0 would divide by zero
+
+        logits = self.model(ids, self.cache, check=False, last_only=True)[:, -1]   # prefill, eager
+        draw()
+        self.token.copy_(pick_token(logits, self.noise, **self.sampling)[:, None])
+        land(0)
+        for i in range(1, n):
+            draw()
+            self._run()
+            land(i)
+
+        if cuda:
+            for i in pending:
+                events[i].synchronize()
+                on_token(host[i])
+            events[n - 1].synchronize()
+            stamps = [offset + start.elapsed_time(events[i]) / 1e3 for i in range(n)]
+        tokens = host.t().contiguous()
+        return FastGenerationResult(tokens, stamps, T, mode=self.mode, setup_s=self.setup_s,
+                                    fallback=self.fallback)
+
+
+@torch.no_grad()
+def column_major_weights(model):
+    """Store every nn.Linear weight (and a tied embedding) transposed in memory; same shapes, same values.
+
+    A decode step multiplies one row of activations by each weight (a GEMV). CPU BLAS libraries
+    stream a weight stored [in, out] (column-major for its [out, in] shape) faster than the
+    row-major one nn.Linear allocates on some CPUs; Hugging Face's GPT-2 (Conv1D) stores its
+    blocks that way. Whether it wins here is measured, not assumed: the bench rows run with it
+    on CPU, and lesson 08 times both layouts. Returns the model, changed in place.
+    """
+    seen: dict[int, torch.nn.Parameter] = {}
+    for module in model.modules():
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            w = module.weight
+            if id(w) not in seen:      # a tied tensor is moved once and stays shared
+                seen[id(w)] = torch.nn.Parameter(w.t().contiguous().t(), requires_grad=w.requires_grad)
+            module.weight = seen[id(w)]
+    return model
+
+
+_HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__")
+
+
+def _eager_without_host_reads(gm, example_inputs):
+    """A dynamo backend that runs the traced graph as it is, after refusing any read back to the host."""
+    for node in gm.graph.nodes:
+        if node.op == "call_method" and node.target in _HOST_READS:
+            raise RuntimeError(f"the step reads a device value on the host ({node.target}() in {node.stack_trace or node.name}); "
+                               "a CUDA graph cannot replay that")
+    return gm.forward
+
+
+def check_graph_ready(step: Callable[[], object], steps: int = 4) -> None:
+    """Raise unless `step()` is one static graph: what a CUDA graph can capture and replay, checked on any device.
+
+    dynamo traces the step (no compiler, about a second) with fullgraph=True, so a graph break
+    raises; a read of a device value on the host (.item(), a Python branch on a tensor) raises;
+    and error_on_recompile makes a shape or Python constant that changes between steps raise
+    too, as a growing cache slice or a Python-int position would. Run it on a prefilled decoder:
+    check_graph_ready(decoder.step). It leaves the step's effects (cache writes, tokens) in place.
+    """
+    import torch._dynamo
+    torch._dynamo.reset()
+    traced = torch.compile(step, fullgraph=True, dynamic=False, backend=_eager_without_host_reads)
+    try:
+        with torch.inference_mode(), torch._dynamo.config.patch(error_on_recompile=True):
+            for _ in range(steps):
+                traced()
+    finally:
+        torch._dynamo.reset()
+
+
+def fast_generate(model, ids, max_new_tokens: int, *, temperature: float = 0.0, top_k: int | None = None,
+                  top_p: float | None = None, seed: int | None = None, mode: str = "auto",
+                  cache: str = "static", on_token: Callable[[torch.Tensor], object] | None = None
+                  ) -> FastGenerationResult:
+    """generate() without the overheads: same arguments, same GenerationResult, same greedy tokens.
+
+    mode: "eager", "graph" (CUDA graph of one decode step), "compile" (torch.compile,
+    reduce-overhead) or "auto" (graph on CUDA, eager elsewhere). Where the mode cannot run, it
+    falls back to eager with a warning and says why in `result.fallback`. cache="growing" uses
+    lesson 06's KVCache (the "sync-free" stage). Setup (cache, capture, compile) is `result.setup_s`,
+    outside the timestamps. For many requests of one shape, build a FastDecoder once instead.
+    """
+    _check_choice("mode", mode, MODES)
+    _check_choice("cache", cache, CACHES)
+    ids = check_request(model, ids, max_new_tokens, temperature, top_k, top_p)   # before any allocation
+    decoder = FastDecoder(model, ids.shape[0], ids.shape[1] + int(max_new_tokens), mode=mode, cache=cache,
+                          temperature=temperature, top_k=top_k, top_p=top_p)
+    return decoder.generate(ids, max_new_tokens, seed=seed, on_token=on_token)
+
+
+__all__ = ["CACHES", "MODES", "STAGES", "FastDecoder", "FastGenerationResult", "check_graph_ready", "column_major_weights",
+           "decode_one",
+           "fast_generate", "pick_token"]

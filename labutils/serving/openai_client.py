@@ -1,0 +1,242 @@
+"""Stream completions from any OpenAI-compatible server and time each token: the engine's meters on a real server.
+
+vLLM, SGLang, TGI and llama.cpp's server all speak `POST /v1/completions` with `"stream": true`, which
+sends one server-sent event (`data: {...}`) per generated token. The client sends token-id prompts,
+notes when each event reaches it on one monotonic clock, and reports TTFT, TPOT and ITL with the
+definitions in labutils.timing, counted from each request's arrival, so time spent queueing counts.
+Only the standard library is used: one thread per request in flight, bounded by max_concurrency.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import math
+import numbers
+import time
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from .. import timing
+
+# vLLM's extensions to the OpenAI API: the ids of each streamed token (a server started with
+# --skip-tokenizer-init streams no text at all), and running to max_tokens, as the course's engine
+# does when a request has no eos_id. Pass extra_body={} to a server that refuses unknown fields.
+DEFAULT_EXTRA_BODY = {"return_token_ids": True, "ignore_eos": True}
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request of a workload: the same three numbers drive the course's engine and a server."""
+
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    arrival_s: float = 0.0          # seconds after the workload starts
+    id: int | None = None           # None: its index in the workload
+
+
+@dataclass
+class StreamResult:
+    """What one request got back: each token with the time it reached the client."""
+
+    id: int
+    prompt_len: int
+    max_new_tokens: int
+    arrival_s: float                                        # when it was due, seconds after the workload start
+    tokens: list[int | None] = field(default_factory=list)  # None where a server streamed text without ids
+    timestamps: list[float] = field(default_factory=list)   # per token, seconds after arrival_s
+    finish_reason: str | None = None                        # the server's ("length", "stop"), or "error"
+    error: str | None = None                                # what went wrong, when finish_reason is "error"
+    text: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.finish_reason not in (None, "error")
+
+    @property
+    def ttft_s(self) -> float:
+        return timing.ttft_s(self.timestamps) if self.timestamps else float("nan")
+
+    @property
+    def tpot_s(self) -> float:
+        return timing.tpot_s(self.timestamps) if self.timestamps else float("nan")
+
+    @property
+    def itl_s(self) -> list[float]:
+        return timing.itl_s(self.timestamps) if self.timestamps else []
+
+    @property
+    def latency_s(self) -> float:
+        return self.timestamps[-1] if self.timestamps else float("nan")
+
+
+class ServerError(RuntimeError):
+    """The server answered, but with an error (an HTTP error status, or an error event mid-stream)."""
+
+
+def as_request(r, index: int) -> Request:
+    """A Request from a Request, any object with the same attributes, or a mapping; refuse bad values."""
+    get = r.get if isinstance(r, Mapping) else lambda k, d=None: getattr(r, k, d)
+    ids, n, arrival = get("prompt_ids"), get("max_new_tokens"), get("arrival_s", 0.0)
+    where = f"request {index}"
+    if ids is None or n is None:
+        raise TypeError(f"{where} is a {type(r).__name__}; a request needs prompt_ids and max_new_tokens "
+                        "(and optionally arrival_s, id): use labutils.serving.openai_client.Request")
+    if hasattr(ids, "tolist"):
+        ids = ids.tolist()                 # a 1-D tensor or array of ids
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+        raise TypeError(f"{where}: prompt_ids must be a list of token ids, got {type(ids).__name__}; "
+                        "encode text with the model's tokenizer first")
+    ids = tuple(ids)
+    if not ids:
+        raise ValueError(f"{where}: prompt_ids is empty; a prompt needs at least one token")
+    if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) and t >= 0 for t in ids):
+        raise TypeError(f"{where}: prompt_ids must be ints >= 0, got {ids[:8]}...")
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        raise ValueError(f"{where}: max_new_tokens must be an int >= 1, got {n!r}")
+    if isinstance(arrival, bool) or not isinstance(arrival, numbers.Real) or not 0 <= arrival < math.inf:
+        raise ValueError(f"{where}: arrival_s must be a number of seconds >= 0, got {arrival!r}")
+    rid = get("id")
+    return Request(tuple(int(t) for t in ids), int(n), float(arrival), index if rid is None else rid)
+
+
+def _chunk_tokens(chunk: dict) -> tuple[list[int | None], str, str | None]:
+    """(token ids, text, finish_reason) of one streamed completion chunk."""
+    choices = chunk.get("choices") or []
+    if not choices:                       # e.g. a usage-only chunk
+        return [], "", None
+    c = choices[0]
+    text = c.get("text") or ""
+    ids = c.get("token_ids")              # vLLM and SGLang with return_token_ids
+    if ids is None:
+        ids = [None] if text else []      # a text-only server: one chunk is one token, id unknown
+    return list(ids), text, c.get("finish_reason")
+
+
+class OpenAIClient:
+    """Streams completions from an OpenAI-compatible server at base_url (e.g. "http://127.0.0.1:8000").
+
+    model=None asks the server (GET /v1/models) and uses the first model it serves. Every request is
+    greedy (temperature 0), so its tokens can be compared with the course's generate().
+    """
+
+    def __init__(self, base_url: str, model: str | None = None, *, timeout_s: float = 60.0,
+                 extra_body: dict | None = None, api_key: str | None = None):
+        if not isinstance(base_url, str):
+            raise TypeError(f"base_url must be a string such as 'http://127.0.0.1:8000', got {type(base_url).__name__}")
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"base_url={base_url!r} is not an http(s) URL; write it like 'http://127.0.0.1:8000'")
+        if not isinstance(timeout_s, numbers.Real) or not timeout_s > 0:
+            raise ValueError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
+        self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        self._scheme, self._host, self._port = parts.scheme, parts.hostname, parts.port
+        self._prefix = parts.path.rstrip("/").removesuffix("/v1")
+        self.timeout_s = float(timeout_s)
+        self.extra_body = dict(DEFAULT_EXTRA_BODY if extra_body is None else extra_body)
+        self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self.model = model
+
+    def _connection(self) -> http.client.HTTPConnection:
+        cls = http.client.HTTPSConnection if self._scheme == "https" else http.client.HTTPConnection
+        return cls(self._host, self._port, timeout=self.timeout_s)
+
+    def models(self) -> list[str]:
+        """The model names the server serves; also the check that it is there at all."""
+        conn = self._connection()
+        try:
+            conn.request("GET", self._prefix + "/v1/models", headers=self._headers)
+            resp = conn.getresponse()
+            body = resp.read()
+        except OSError as err:
+            raise ConnectionError(f"cannot reach an OpenAI-compatible server at {self.base_url} ({err}); "
+                                  "start the server (for vLLM: `make vllm`, then "
+                                  "labutils.serving.vllm_server.VLLMServer) or fix the URL") from None
+        finally:
+            conn.close()
+        if resp.status != 200:
+            raise ConnectionError(f"{self.base_url}/v1/models answered HTTP {resp.status} "
+                                  f"({body[:200].decode(errors='replace')}); is it an OpenAI-compatible server?")
+        try:
+            return [m["id"] for m in json.loads(body)["data"]]
+        except (ValueError, KeyError, TypeError):
+            raise ConnectionError(f"{self.base_url}/v1/models did not return an OpenAI model list") from None
+
+    def _model(self) -> str:
+        if self.model is None:
+            served = self.models()
+            if not served:
+                raise ConnectionError(f"the server at {self.base_url} serves no model")
+            self.model = served[0]
+        return self.model
+
+    def complete(self, prompt_ids, max_new_tokens: int) -> StreamResult:
+        """One greedy request, sent now; its clock starts now."""
+        req = as_request({"prompt_ids": prompt_ids, "max_new_tokens": max_new_tokens}, 0)
+        self._model()
+        return self._stream(req, time.perf_counter())
+
+    def run(self, requests: Iterable, *, max_concurrency: int = 8) -> list[StreamResult]:
+        """Send each request at its arrival_s, at most max_concurrency in flight; results in workload order.
+
+        `requests` is a list of Request (or objects or dicts with prompt_ids, max_new_tokens and
+        optionally arrival_s and id), or a workload object whose .requests is such a list.
+
+        A request that finds every slot busy waits, and that wait is part of its TTFT. A request the
+        server fails (an HTTP error, an error event, a dropped stream) comes back with
+        finish_reason "error" and the error text; the others go on.
+        """
+        if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be an int >= 1, got {max_concurrency!r}")
+        # A workload object that holds its requests (labutils.serving's) drives the client as it drives the engine.
+        reqs = [as_request(r, i) for i, r in enumerate(getattr(requests, "requests", requests))]
+        self._model()                         # unreachable server: fail now, naming the URL
+        results: list[StreamResult | None] = [None] * len(reqs)
+        with ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="openai-client") as pool:
+            futures = {}
+            t0 = time.perf_counter()
+            for i in sorted(range(len(reqs)), key=lambda i: reqs[i].arrival_s):
+                due = t0 + reqs[i].arrival_s
+                if (wait := due - time.perf_counter()) > 0:
+                    time.sleep(wait)
+                futures[i] = pool.submit(self._stream, reqs[i], due)
+            for i, f in futures.items():
+                results[i] = f.result()
+        return results
+
+    def _stream(self, req: Request, start: float) -> StreamResult:
+        """Send one request and read its event stream; `start` is its arrival on the perf_counter clock."""
+        res = StreamResult(req.id, len(req.prompt_ids), req.max_new_tokens, req.arrival_s)
+        body = {"model": self.model, "prompt": list(req.prompt_ids), "max_tokens": req.max_new_tokens,
+                "temperature": 0, "stream": True, **self.extra_body}
+        conn = self._connection()
+        try:
+            conn.request("POST", self._prefix + "/v1/completions", body=json.dumps(body), headers=self._headers)
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise ServerError(f"HTTP {resp.status}: {resp.read(500).decode(errors='replace')}")
+            for line in resp:                 # one SSE line at a time, as it arrives
+                now = time.perf_counter()
+                if not line.startswith(b"data:"):
+                    continue                  # blank separators and ": keep-alive" comments
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk or chunk.get("object") == "error":
+                    raise ServerError(f"error event mid-stream: {chunk.get('error', chunk)}")
+                ids, text, finish = _chunk_tokens(chunk)
+                res.tokens += ids
+                res.timestamps += [now - start] * len(ids)
+                res.text += text
+                res.finish_reason = finish or res.finish_reason
+            if res.finish_reason is None:
+                raise ServerError(f"the stream ended after {len(res.tokens)} tokens without a finish_reason")
+        except (OSError, http.client.HTTPException, ValueError, ServerError) as err:
+            res.finish_reason, res.error = "error", f"{type(err).__name__}: {err}"
+        finally:
+            conn.close()
+        return res
