@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 import labutils
 from labutils import generate as gen
-from labutils import hardware, measure, roofline, timing, tokenizer
+from labutils import fastgen, hardware, measure, roofline, timing, tokenizer
 from labutils.dtypes import BYTES
 from labutils.hardware import Peaks
 from labutils.kvcache import KVCache
@@ -251,8 +251,9 @@ bad_prompts = st.one_of(st.lists(st.integers(-2, 40), max_size=6).filter(lambda 
 
 
 @settings(FUZZ, max_examples=100)
-@given(which=st.sampled_from(list(MODELS)), data=st.data())
-def test_generate(which, data):
+@given(which=st.sampled_from(list(MODELS)), fast=st.booleans(), data=st.data())
+def test_generate(which, fast, data):
+    """generate() and fastgen.fast_generate() take the same request (fast_generate: eager on a CPU)."""
     model = MODELS[which]
     kwargs, spoilt = data.draw(spoiled(
         dict(ids=good_prompts, max_new_tokens=st.integers(1, 10), use_cache=st.booleans(),
@@ -267,8 +268,13 @@ def test_generate(which, data):
     def invariant(r):
         assert r.tokens.shape[1] == n and ((0 <= r.tokens) & (r.tokens < model.config.vocab_size)).all()
         assert len(r.timestamps) == n and r.ttft_s >= 0 and (n == 1 or r.tpot_s >= 0)
-    outcome("generate.generate", lambda: gen.generate(model, **kwargs),
-            named(spoilt, params(gen.generate) + ["context length"],
+    if fast:
+        use_cache = kwargs.pop("use_cache")
+        kwargs["cache"] = "static" if use_cache is True else "growing" if use_cache is False else use_cache
+        spoilt = "cache" if spoilt == "use_cache" else spoilt
+    run = (lambda: fastgen.fast_generate(model, **kwargs, mode="eager")) if fast else lambda: gen.generate(model, **kwargs)
+    outcome("fastgen.fast_generate" if fast else "generate.generate", run,
+            named(spoilt, params(gen.generate) + ["cache", "context length"],
                   {"ids": ["prompt", "token id"], "max_new_tokens": ["context length"]}), invariant)
 
 
