@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import numbers
 
+import numpy as np
 import torch
 
 from . import dtypes
@@ -34,17 +35,12 @@ def _shown(value) -> str:
     return repr(value) if isinstance(value, str) else describe(value)
 
 
+_BOOLS = (bool, np.bool_)
+
+
 def _is_integer(value) -> bool:
     # bool is an int subclass, but True tokens is a typo, not 1.
-    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, _np_bool()))
-
-
-def _np_bool():
-    try:
-        import numpy as np
-        return np.bool_
-    except ImportError:                         # numpy is a dependency; this only keeps the import lazy
-        return bool
+    return isinstance(value, numbers.Integral) and not isinstance(value, _BOOLS)
 
 
 def check_count(name: str, value, minimum: int = 0, maximum: int | None = None, hint: str = "") -> int:
@@ -74,7 +70,7 @@ def check_number(name: str, value, *, minimum: float | None = None, above: float
 
     `minimum` and `maximum` are inclusive, `above` and `below` exclusive.
     """
-    if not isinstance(value, numbers.Real) or isinstance(value, (bool, _np_bool())):
+    if not isinstance(value, numbers.Real) or isinstance(value, _BOOLS):
         raise TypeError(f"{name} must be a number, got {describe(value)}; pass an int or a float")
     value = float(value)
     allowed = _range_text(minimum, above, maximum, below, allow_inf)
@@ -120,7 +116,7 @@ def check_temperature(value) -> float:
 
 def check_flag(name: str, value) -> bool:
     """True or False; a string such as "no" is refused rather than read as True."""
-    if not isinstance(value, (bool, _np_bool())):
+    if not isinstance(value, _BOOLS):
         raise TypeError(f"{name} must be True or False, got {describe(value)}")
     return bool(value)
 
@@ -128,9 +124,12 @@ def check_flag(name: str, value) -> bool:
 def check_choice(name: str, value, choices, hint: str = ""):
     """One of `choices` (compared by type and value, so 1 never matches "1" and unhashable values are fine)."""
     choices = list(choices)
-    if not any(type(value) is type(c) and value == c for c in choices):
+    # Same kind and equal: a str subclass (numpy's str_) matches its name, 1 never matches "1" or True.
+    same = [c for c in choices
+            if (isinstance(value, str) and isinstance(c, str) or type(value) is type(c)) and value == c]
+    if not same:
         raise ValueError(f"unknown {name} {_shown(value)}; choose one of {choices}" + (f"; {hint}" if hint else ""))
-    return value
+    return same[0]
 
 
 def check_dtype(name: str, value, allowed=None) -> str:
@@ -251,7 +250,8 @@ def check_cache(cache, model) -> None:
     cfg = model.config
     n_layer, _, n_kv, max_len, head_dim = k.shape
     wrong = [f"{what}={got} (the model has {want})" for what, got, want in
-             (("n_layer", n_layer, cfg.n_layer), ("n_kv_head", n_kv, cfg.n_kv_head), ("head_dim", head_dim, cfg.head_dim))
+             (("n_layer", n_layer, cfg.n_layer), ("n_kv_head", n_kv, cfg.n_kv_head),
+              ("head_dim", head_dim, cfg.head_dim))
              if got != want]
     dtype, device = model_dtype(model), model_device(model)
     if k.dtype != dtype:
@@ -297,6 +297,7 @@ def check_timestamps(name: str, timestamps) -> list[float]:
     return values
 
 
-__all__ = ["DEVICE_KINDS", "DeviceUnavailableError", "DoesNotFitError", "check_cache", "check_choice", "check_count", "check_device",
-           "check_dtype", "check_flag", "check_torch_dtype", "check_number", "check_positive", "check_probability", "check_row", "check_temperature",
-           "check_timestamps", "check_token_ids", "describe", "device_available", "model_device", "model_dtype"]
+__all__ = ["DEVICE_KINDS", "DeviceUnavailableError", "DoesNotFitError", "check_cache", "check_choice", "check_count",
+           "check_device", "check_dtype", "check_flag", "check_number", "check_positive", "check_probability",
+           "check_row", "check_temperature", "check_timestamps", "check_token_ids", "check_torch_dtype", "describe",
+           "device_available", "model_device", "model_dtype"]

@@ -119,7 +119,8 @@ def _finite_nonnegative(x):
 
 
 SMALL_CFG = GPTConfig(vocab_size=50, context_length=16, n_layer=1, n_head=2, n_embd=8)
-ROOFLINE_FNS = ["decode_bytes", "prefill_bytes", "prefill_flops", "decode_flops", "kv_cache_bytes", "kv_bytes_per_token",
+ROOFLINE_FNS = ["decode_bytes", "prefill_bytes", "prefill_flops", "decode_flops", "kv_cache_bytes",
+                "kv_bytes_per_token",
                 "weight_bytes", "step_weight_bytes", "tokens_where_cache_exceeds_weights", "mbu", "mfu",
                 "arithmetic_intensity", "attainable_flops", "decode_floor_s", "prefill_floor_s", "decode_step_s",
                 "knee_batch", "linear_flops", "linear_bytes", "flops_per_token"]
@@ -272,7 +273,8 @@ def test_generate(which, fast, data):
         use_cache = kwargs.pop("use_cache")
         kwargs["cache"] = "static" if use_cache is True else "growing" if use_cache is False else use_cache
         spoilt = "cache" if spoilt == "use_cache" else spoilt
-    run = (lambda: fastgen.fast_generate(model, **kwargs, mode="eager")) if fast else lambda: gen.generate(model, **kwargs)
+    run = ((lambda: fastgen.fast_generate(model, **kwargs, mode="eager")) if fast else
+           (lambda: gen.generate(model, **kwargs)))
     outcome("fastgen.fast_generate" if fast else "generate.generate", run,
             named(spoilt, params(gen.generate) + ["cache", "context length"],
                   {"ids": ["prompt", "token id"], "max_new_tokens": ["context length"]}), invariant)
@@ -295,7 +297,8 @@ def test_kvcache_prefill_decode(used_by, other, data):
     def run():
         cache = KVCache(MODELS[built_for].config, a["batch_size"], a["max_len"], device=a["device"], dtype=a["dtype"])
         with torch.inference_mode():
-            tok = gen.prefill(model, torch.randint(0, 32, (a["batch_size"], a["prompt_len"])), cache)
+            ids = torch.randint(0, 32, (a["batch_size"], a["prompt_len"]), generator=torch.Generator().manual_seed(0))
+            tok = gen.prefill(model, ids, cache)
             for _ in range(a["steps"]):
                 tok = gen.decode_step(model, tok, cache)
             gen.decode_step(model, torch.full((a["batch_size"],), a["token"]), cache)
