@@ -8,8 +8,8 @@ import torch
 
 from . import timing
 from .kvcache import KVCache
-from .validate import (check_cache, check_count, check_flag, check_probability, check_temperature, describe,
-                       model_device, model_dtype)
+from .validate import (check_cache, check_count, check_flag, check_probability, check_seed, check_temperature,
+                       describe, model_device, model_dtype)
 
 
 def check_sampling(temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None) -> None:
@@ -186,9 +186,7 @@ def generate(model, ids, max_new_tokens: int, *, use_cache: bool = True, tempera
     ids = check_request(model, ids, max_new_tokens, temperature, top_k, top_p)
     T, max_new_tokens = ids.shape[1], int(max_new_tokens)
     use_cache = check_flag("use_cache", use_cache)
-    if seed is not None:
-        seed = check_count("seed", seed, 0, 2 ** 63 - 1,
-                           hint="any whole number >= 0 picks a reproducible stream; None picks none")
+    seed = None if seed is None else check_seed(seed)
     generator = None
     if seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)

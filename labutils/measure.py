@@ -16,7 +16,7 @@ from .kvcache import KVCache
 from .timing import time_fn
 from .model import GPT, GPTConfig
 from .presets import PRESETS
-from .validate import check_choice, check_count, check_device, check_dtype
+from .validate import check_choice, check_count, check_device, check_dtype, check_seed
 
 # On a CPU, building a multi-billion-parameter model means minutes of random initialisation,
 # so the bigger shapes are offered only on a GPU.
@@ -172,7 +172,7 @@ def measure_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 
     """
     device = check_device("device", device)
     check_request(preset, prompt_len, new_tokens, batch, dtype, device, context_length)
-    repeats, seed = check_count("repeats", repeats, 1, 1000), check_count("seed", seed, 0, 2 ** 63 - 1)
+    repeats, seed = check_count("repeats", repeats, 1, 1000), check_seed(seed)
     try:
         model = get_model(preset, dtype, device, context_length)
         g = torch.Generator().manual_seed(seed)

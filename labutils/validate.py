@@ -114,6 +114,12 @@ def check_temperature(value) -> float:
                         hint="0 means greedy; 1 samples the model's own distribution")
 
 
+def check_seed(value, name: str = "seed") -> int:
+    """A random seed: a whole number in [0, 2**63), what torch.Generator.manual_seed takes."""
+    return check_count(name, value, 0, 2 ** 63 - 1,
+                       hint="any whole number >= 0 picks a reproducible stream; None picks none")
+
+
 def check_flag(name: str, value) -> bool:
     """True or False; a string such as "no" is refused rather than read as True."""
     if not isinstance(value, _BOOLS):
@@ -299,5 +305,5 @@ def check_timestamps(name: str, timestamps) -> list[float]:
 
 __all__ = ["DEVICE_KINDS", "DeviceUnavailableError", "DoesNotFitError", "check_cache", "check_choice", "check_count",
            "check_device", "check_dtype", "check_flag", "check_number", "check_positive", "check_probability",
-           "check_row", "check_temperature", "check_timestamps", "check_token_ids", "check_torch_dtype", "describe",
+           "check_row", "check_seed", "check_temperature", "check_timestamps", "check_token_ids", "check_torch_dtype", "describe",
            "device_available", "model_device", "model_dtype"]
