@@ -256,7 +256,7 @@ def decode_bandwidth(s: BenchSettings) -> BenchRow:
     """
     from .fastgen import FastDecoder
     from .hardware import measure_bandwidth
-    from .roofline import decode_bytes
+    from .roofline import decode_bytes, mean_decode_pos
     preset = "gpt2-xl" if s.device.type == "cuda" and not s.quick else s.preset
     model = fast_model(copy.deepcopy(bench_model(preset, str(s.device))).to(dtype=_dtype(s)), s)
     ids, new = _request(s, model.config.vocab_size)
@@ -268,7 +268,7 @@ def decode_bandwidth(s: BenchSettings) -> BenchRow:
         bw.append(measure_bandwidth(s.device, nbytes=64 << 20 if s.quick else None, repeats=3, warmup=1))
     tpot_s, bw_Bps = statistics.median(tpot), statistics.median(bw)
     # Each step reads every weight and, on average, the cache up to the middle of the decode.
-    nbytes = decode_bytes(model.config, ids.shape[1] + new // 2, 1, _dtype(s))
+    nbytes = decode_bytes(model.config, mean_decode_pos(ids.shape[1], new), 1, _dtype(s))
     return BenchRow("decode bytes/s / copy bandwidth", nbytes / tpot_s / bw_Bps,
                     ">= 0.8" if s.device.type == "cuda" else ">= 0.7",
                     f"{preset} shape, random {dtype_name(_dtype(s))}, {s.device.type}, batch 1, "

@@ -191,7 +191,7 @@ def measure_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 
     ttft = statistics.median(r.ttft_s for r in runs)
     tpot = statistics.median(r.tpot_s for r in runs)
     typical = sorted(runs, key=lambda r: r.latency_s)[len(runs) // 2]
-    pos = prompt_len + new_tokens // 2          # keys a decode step reads, averaged over the steps
+    pos = roofline.mean_decode_pos(prompt_len, new_tokens)
     step_bytes = roofline.decode_bytes(cfg, pos, batch, dtype)
     prefill_flops = roofline.prefill_flops(cfg, prompt_len, batch)    # the one count: floors and MFU use it
     decode_flops = roofline.decode_flops(cfg, pos, batch)

@@ -167,6 +167,14 @@ def prefill_flops(x, prompt_len: int, batch: int = 1) -> int:
     return batch * (2 * c.body_params * prompt_len + 2 * c.head_params + 4 * c.n_layer * c.n_embd * keys)
 
 
+def mean_decode_pos(prompt_len: int, new_tokens: int) -> int:
+    """Cached positions the average decode step of a request reads: the steps read from prompt_len up to
+    prompt_len + new_tokens - 1 keys, so per-step bytes and FLOPs are taken at the middle."""
+    check_count("prompt_len", prompt_len, 1)
+    check_count("new_tokens", new_tokens, 1)
+    return prompt_len + new_tokens // 2
+
+
 def decode_flops(x, pos: int, batch: int = 1) -> int:
     """FLOPs of one decode step: one new token per sequence, attending to `pos` cached keys."""
     batch = check_count("batch", batch, 1)
@@ -287,5 +295,5 @@ def mfu(flops: float, seconds: float, peak_flops: float) -> float:
 
 __all__ = ["Counts", "arithmetic_intensity", "attainable_flops", "counts", "decode_bytes", "decode_flops",
            "decode_floor_s", "decode_step_s", "flops_per_token", "knee_batch", "kv_bytes_per_token", "kv_cache_bytes", "linear_bytes",
-           "linear_flops", "mbu", "mfu", "prefill_bytes", "prefill_flops", "prefill_floor_s", "step_weight_bytes",
+           "linear_flops", "mbu", "mean_decode_pos", "mfu", "prefill_bytes", "prefill_flops", "prefill_floor_s", "step_weight_bytes",
            "tokens_where_cache_exceeds_weights", "weight_bytes"]
