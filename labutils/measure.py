@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import gc
 import statistics
-import warnings
 from collections import OrderedDict
 
 import torch
@@ -195,13 +194,11 @@ def measure_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 
     step_bytes = roofline.decode_bytes(cfg, pos, batch, dtype)
     prefill_flops = roofline.prefill_flops(cfg, prompt_len, batch)    # the one count: floors and MFU use it
     decode_flops = roofline.decode_flops(cfg, pos, batch)
-    with warnings.catch_warnings():
-        # roofline warns about a utilization above 1 (usually a unit mistake by hand). Here every input is
-        # measured in the right units, and a small model held in a CPU cache really can beat the DRAM peak.
-        warnings.simplefilter("ignore", RuntimeWarning)
-        utilization = dict(mbu=roofline.mbu(cfg, pos, batch, dtype, tpot, peaks.bandwidth_Bps),
-                           mfu_prefill=roofline.mfu(prefill_flops, ttft, peaks.flops),
-                           mfu_decode=roofline.mfu(decode_flops, tpot, peaks.flops))
+    # warn=False: roofline warns about a utilization above 1 (usually a unit typed by hand). Here every
+    # input is measured in the right units, and a small model held in a CPU cache really can beat DRAM.
+    utilization = dict(mbu=roofline.mbu(cfg, pos, batch, dtype, tpot, peaks.bandwidth_Bps, warn=False),
+                       mfu_prefill=roofline.mfu(prefill_flops, ttft, peaks.flops, warn=False),
+                       mfu_decode=roofline.mfu(decode_flops, tpot, peaks.flops, warn=False))
     return dict(
         preset=preset, dtype=dtype, device=str(device), device_name=peaks.device_name, batch=batch,
         prompt_len=prompt_len, new_tokens=new_tokens, context_length=cfg.context_length,

@@ -8,7 +8,7 @@ import torch
 
 from .dtypes import dtype_bytes
 from .presets import ModelShape, get_shape
-from .validate import check_count, check_dtype, check_number, check_positive, describe
+from .validate import check_count, check_dtype, check_flag, check_number, check_positive, describe
 
 # Conventions (one place, so every lesson counts the same way):
 # - A token's forward multiplies by every weight in the blocks and by the output layer: 2 FLOPs per weight
@@ -277,20 +277,26 @@ def prefill_floor_s(x, prompt_len: int, batch: int = 1, *, peak_flops: float) ->
     return prefill_flops(x, prompt_len, batch) / peak_flops
 
 
-def mbu(x, pos: int, batch: int, dtype, tpot_s: float, bandwidth_Bps: float) -> float:
-    """Model bandwidth utilization: (weight + KV-cache bytes read per decode step) / TPOT / peak bandwidth."""
+def mbu(x, pos: int, batch: int, dtype, tpot_s: float, bandwidth_Bps: float, *, warn: bool = True) -> float:
+    """Model bandwidth utilization: (weight + KV-cache bytes read per decode step) / TPOT / peak bandwidth.
+
+    Above 1 it warns (see _utilization); `warn=False` is for callers whose inputs are all measured in the
+    right units (measure, stages), where a small model in a CPU cache can really beat the DRAM peak.
+    """
     _check_positive(tpot_s=tpot_s, bandwidth_Bps=bandwidth_Bps)
-    return _utilization("MBU", decode_bytes(x, pos, batch, dtype) / tpot_s / bandwidth_Bps, "tpot_s and bandwidth_Bps")
+    value = decode_bytes(x, pos, batch, dtype) / tpot_s / bandwidth_Bps
+    return _utilization("MBU", value, "tpot_s and bandwidth_Bps") if check_flag("warn", warn) else value
 
 
-def mfu(flops: float, seconds: float, peak_flops: float) -> float:
+def mfu(flops: float, seconds: float, peak_flops: float, *, warn: bool = True) -> float:
     """Model FLOPs utilization: useful FLOPs / seconds / peak FLOP/s.
 
     `flops` comes from prefill_flops or decode_flops (attention included), the same count the floors use.
+    Above 1 it warns unless warn=False, as mbu does.
     """
     _check_positive(seconds=seconds, peak_flops=peak_flops)
-    flops = check_number("flops", flops, minimum=0)
-    return _utilization("MFU", flops / seconds / peak_flops, "flops, seconds and peak_flops")
+    value = check_number("flops", flops, minimum=0) / seconds / peak_flops
+    return _utilization("MFU", value, "flops, seconds and peak_flops") if check_flag("warn", warn) else value
 
 
 __all__ = ["Counts", "arithmetic_intensity", "attainable_flops", "counts", "decode_bytes", "decode_flops",

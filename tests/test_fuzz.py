@@ -130,12 +130,14 @@ ROOF_VALID = dict(
     seq_len=st.integers(0, 4096), tokens_per_seq=st.integers(1, 64), dtype=st.sampled_from([*BYTES, torch.float16]),
     weight_dtype=st.sampled_from(list(BYTES)), tpot_s=st.floats(1e-6, 1.0), bandwidth_Bps=st.floats(1e9, 1e13),
     peak_flops=st.floats(1e9, 1e16), flops=st.floats(0, 1e16), seconds=st.floats(1e-6, 10.0),
-    nbytes=st.floats(1.0, 1e12), intensity=st.floats(1e-3, 1e4), n_out=st.integers(1, 4096), n_in=st.integers(1, 4096))
+    nbytes=st.floats(1.0, 1e12), intensity=st.floats(1e-3, 1e4), n_out=st.integers(1, 4096), n_in=st.integers(1, 4096),
+    warn=st.booleans())
 ROOF_BAD = {k: (bad_presets if k == "x" else bad_dtypes if "dtype" in k else
                 bad_counts if isinstance(v, type(st.integers())) or k in ("pos",) else bad_numbers)
             for k, v in ROOF_VALID.items()}
 for _k in ("batch", "batch_size", "prompt_len", "seq_len", "tokens_per_seq", "n_out", "n_in"):
     ROOF_BAD[_k] = bad_counts
+ROOF_BAD["warn"] = junk.filter(lambda v: not isinstance(v, bool))
 
 
 @settings(FUZZ, max_examples=300)
@@ -497,6 +499,28 @@ def test_token_viewer_widget(text, encoding):
     def invariant(v):
         assert "tokens" in v.html.value or "surrogate" in v.html.value, v.html.value
     outcome("widgets.TokenViewer", lambda: TokenViewer(encoding, text), [], invariant)
+
+
+@settings(FUZZ, max_examples=40)
+@given(row=st.one_of(st.integers(0, 2), st.integers(0, 2), small_bad_counts),
+       prompt=st.one_of(valid_texts, valid_texts, junk),
+       steps=st.lists(st.lists(st.integers(0, 4095), min_size=3, max_size=3).map(torch.tensor), max_size=4),
+       bad_step=st.one_of(st.none(), st.none(), st.none(), junk,
+                          st.lists(st.integers(-5, 10 ** 6), min_size=1, max_size=3).map(torch.tensor)))
+def test_decode_stream_widget(row, prompt, steps, bad_step):
+    steps = steps if bad_step is None else [*steps, bad_step]
+    from labutils.widgets.decode_stream import DecodeStream
+    enc = tokenizer.get_encoding("course")
+
+    def run():
+        view = DecodeStream(enc, prompt, row)
+        for tokens in steps:
+            view.on_token(tokens)
+        return view
+
+    def invariant(view):
+        assert view.text.startswith(prompt) and len(view.ids) == len(steps)
+    outcome("widgets.DecodeStream", run, ["row", "prompt", "tokens", "token id"], invariant)
 
 
 @st.composite
