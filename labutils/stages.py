@@ -13,6 +13,7 @@ import torch
 from . import roofline, timing
 from .fastgen import STAGES, FastDecoder
 from .generate import GenerationResult, check_request, generate
+from .validate import check_count
 
 # The bars of lesson 08's chart: lesson 05's generate(), then one overhead removed per stage.
 LADDER = ("generate", *STAGES)
@@ -69,8 +70,7 @@ def time_requests(requests: dict[Hashable, Request], *, rounds: int = 3,
     ratios mean something on a busy machine. With `bandwidth_Bps` (hardware.measured_peaks) each run also
     gets its bandwidth floor and MBU, from roofline, in the model's own dtype.
     """
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
+    rounds = check_count("rounds", rounds, 1)
     if not requests:
         raise ValueError("no requests to time; pass a dict of name -> Request")
     runners = {key: _runner(req) for key, req in requests.items()}
@@ -91,7 +91,7 @@ def time_requests(requests: dict[Hashable, Request], *, rounds: int = 3,
                        mode, fallback, res[-1].tokens, pos)
         if bandwidth_Bps is not None:
             run.floor_s = roofline.decode_floor_s(req.model, pos, B, bandwidth_Bps=bandwidth_Bps)
-            run.mbu = roofline.mbu(req.model, pos, B, None, tpot, bandwidth_Bps)
+            run.mbu = roofline.mbu(req.model, pos, B, None, tpot, bandwidth_Bps, warn=False)   # measured units
         out[key] = run
     return out
 

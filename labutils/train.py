@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from .corpus import load_docstrings
 from .model import DATA_DIR, GPT, GPTConfig, load_checkpoint, save_checkpoint
+from .validate import check_count, check_number
 
 TINY_DIR = DATA_DIR / "tiny"
 DRAFT_DIR = DATA_DIR / "draft"
@@ -54,8 +55,7 @@ def course_tokens(frac: float = 0.9, enc=None) -> tuple[torch.Tensor, torch.Tens
     The split is by whole docstrings at about frac of the characters, like corpus.split_corpus,
     so no held-out docstring is seen in training.
     """
-    if not 0.0 < frac < 1.0:
-        raise ValueError(f"frac must be between 0 and 1 (exclusive), got {frac}")
+    check_number("frac", frac, above=0, below=1, hint="e.g. 0.9 keeps 90% for training")
     if enc is None:
         from .tokenizer import get_encoding
         enc = get_encoding("course")
@@ -138,8 +138,7 @@ def train(config: GPTConfig, steps: int, batch_size: int, tokens: torch.Tensor |
     step (e.g. to update a live plot). Returns the model (in eval mode) and the loss of each step.
     """
     for name, value in (("steps", steps), ("batch_size", batch_size)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        check_count(name, value, 1)
     if tokens is None:
         tokens, _ = course_tokens()
     seq_len = seq_len or config.context_length

@@ -9,6 +9,8 @@ import ipywidgets as w
 import tiktoken
 import torch
 
+from ..validate import check_count, describe
+
 
 class DecodeStream(w.VBox):
     """A read-only text box and a status line; pass `on_token` to fast_generate or FastDecoder.generate.
@@ -20,7 +22,7 @@ class DecodeStream(w.VBox):
     def __init__(self, enc: tiktoken.Encoding, prompt: str = "", row: int = 0):
         if not isinstance(enc, tiktoken.Encoding):
             raise TypeError(f"enc must be a tiktoken.Encoding (labutils.tokenizer.get_encoding), got {type(enc).__name__}")
-        self.enc, self.row = enc, row
+        self.enc, self.row = enc, check_count("row", row, 0)
         self.area = w.Textarea(disabled=True, layout=w.Layout(width="100%", height="10em"))
         self.status = w.HTML()
         super().__init__([self.area, self.status])
@@ -28,6 +30,8 @@ class DecodeStream(w.VBox):
 
     def reset(self, prompt: str = "") -> None:
         """Start over with `prompt` shown and no generated tokens."""
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt must be text (a str), got {describe(prompt)}")
         self.prompt, self.ids, self.generated = prompt, [], ""
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._t0: float | None = None
@@ -39,6 +43,10 @@ class DecodeStream(w.VBox):
 
     def on_token(self, tokens: torch.Tensor) -> None:
         """One step's tokens [batch] on the host: append row `row`'s token and show the pace so far."""
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 1 or not self.row < tokens.shape[0]:
+            got = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else describe(tokens)
+            raise ValueError(f"tokens must be one step's token ids [batch] with batch > row={self.row}, got {got}; "
+                             "pass DecodeStream.on_token as fast_generate's on_token")
         tid = int(tokens[self.row])
         try:
             piece = self.enc.decode_single_token_bytes(tid)
