@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup lab test notebooks bench train gpu-check vllm clean
+.PHONY: setup lab test notebooks bench train train-draft gpu-check vllm clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,10 @@ gpu-check: setup
 
 train: setup
 	$(BIN)/python -m labutils.train
+
+# The speculative-decoding draft of lesson 10, distilled from the committed data/tiny.
+train-draft: setup
+	$(BIN)/python -m labutils.train --model draft
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV)

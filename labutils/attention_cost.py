@@ -12,6 +12,7 @@ from .hardware import is_oom
 from .dtypes import dtype_bytes
 from .progress import progress
 from .timing import synchronize, time_fn
+from .validate import check_count
 
 # Standard (unfused) attention moves the [T, T] matrix through main memory four times: QK^T writes
 # the scores S, the softmax reads S and writes the probabilities P, and P @ V reads P. A fused kernel
@@ -24,8 +25,7 @@ def score_matrix_bytes(seq_len: int, n_head: int, batch_size: int = 1, dtype=tor
     """Bytes of one [batch, n_head, n_queries, seq_len] score matrix (n_queries defaults to seq_len)."""
     n_queries = seq_len if n_queries is None else n_queries
     for name, value in (("seq_len", seq_len), ("n_head", n_head), ("batch_size", batch_size), ("n_queries", n_queries)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_count(name, value, 1)
     return batch_size * n_head * n_queries * seq_len * dtype_bytes(dtype)
 
 

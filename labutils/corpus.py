@@ -8,6 +8,8 @@ import sysconfig
 import warnings
 from pathlib import Path
 
+from .validate import check_number
+
 # Test suites and the IDLE GUI are mostly terse test names and widget callbacks: noise, not prose.
 SKIP_DIRS = frozenset({"test", "tests", "idlelib", "site-packages", "dist-packages", "__pycache__",
                        "lib2to3", "turtledemo", "tkinter", "ensurepip", "venv"})
@@ -78,9 +80,8 @@ def load_corpus() -> str:
 def split_corpus(text: str, frac: float = 0.9) -> tuple[str, str]:
     """Split text into (train, heldout) at the docstring boundary nearest to frac of its length."""
     if not isinstance(text, str):
-        raise TypeError(f"split_corpus expects a str, got {type(text).__name__}")
-    if not 0.0 < frac < 1.0:
-        raise ValueError(f"frac must be between 0 and 1 (exclusive), got {frac}")
+        raise TypeError(f"text must be a str for split_corpus, got {type(text).__name__}")
+    check_number("frac", frac, above=0, below=1, hint="e.g. 0.9 keeps 90% for training")
     cut = int(len(text) * frac)
     boundary = text.find(SEPARATOR, cut)
     if boundary == -1:  # no separator after the cut: split mid-text rather than return an empty heldout

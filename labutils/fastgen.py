@@ -34,6 +34,7 @@ import torch
 from .generate import GenerationResult, check_request, check_sampling, sampling_probs
 from .kvcache import KVCache
 from .static_cache import StaticKVCache
+from .validate import check_seed
 
 MODES = ("auto", "eager", "graph", "compile")
 CACHES = ("static", "growing")
@@ -196,6 +197,7 @@ class FastDecoder:
         if T + n > self.max_len:
             raise ValueError(f"prompt ({T}) + max_new_tokens ({n}) = {T + n} positions do not fit the cache's "
                              f"max_len={self.max_len}; build a FastDecoder with a larger max_len or ask for fewer")
+        seed = None if seed is None else check_seed(seed)
         if on_token is not None and not callable(on_token):
             raise TypeError(f"on_token must be a function of one [batch] tensor, got {type(on_token).__name__}")
         if self._used:

@@ -1,7 +1,6 @@
 """Generation in two phases: prefill() fills the KV cache, decode_step() adds one token at a time."""
 from __future__ import annotations
 
-import numbers
 import time
 from dataclasses import dataclass, field
 
@@ -9,16 +8,41 @@ import torch
 
 from . import timing
 from .kvcache import KVCache
+from .validate import (check_cache, check_count, check_flag, check_probability, check_seed, check_temperature,
+                       describe, model_device, model_dtype)
 
 
 def check_sampling(temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None) -> None:
-    """Refuse sampling settings that mean nothing, before any forward pass is spent on them."""
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
-        raise ValueError(f"temperature must be a number >= 0 (0 means greedy), got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k must be an int >= 1 or None, got {top_k!r}")
-    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
-        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
+    """Refuse sampling settings that mean nothing, before any forward pass is spent on them.
+
+    temperature: 0 (greedy) or a finite number > 0 (infinity would flatten every logit and quietly undo
+    top_k); top_k: None or an int >= 1; top_p: None or a number in (0, 1].
+    """
+    check_temperature(temperature)
+    if top_k is not None:
+        check_count("top_k", top_k, 1, hint="1 keeps only the most likely token; None keeps all")
+    if top_p is not None:
+        check_probability("top_p", top_p)
+
+
+def check_logits(logits) -> None:
+    """Refuse logits [batch, vocab] that no token can be picked from: NaN, +inf, or a row that is all -inf.
+
+    -inf alone is fine (a masked token). One host sync: sample() calls it once per call, and
+    generate() once per request (the prefill), where NaN weights show up first.
+    """
+    if not isinstance(logits, torch.Tensor) or logits.dim() < 1 or logits.shape[-1] == 0:
+        got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else describe(logits)
+        raise TypeError(f"logits must be a float tensor [batch, vocab] with vocab >= 1, got {got}")
+    if not logits.is_floating_point():
+        raise TypeError(f"logits must be a float tensor [batch, vocab], got dtype {logits.dtype}; "
+                        "pass the model's output, or logits.float()")
+    if logits.numel() == 0:
+        return
+    bad = torch.isnan(logits).any() | torch.isposinf(logits).any() | torch.isneginf(logits).all(dim=-1).any()
+    if bool(bad):
+        raise ValueError("logits hold NaN, +inf, or a row where every token is -inf, so no token can be picked; "
+                         "the model's weights or inputs are broken (load_hf_gpt2 warns about NaN weights by name)")
 
 
 def sampling_probs(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
@@ -31,7 +55,12 @@ def sampling_probs(logits: torch.Tensor, temperature: float = 0.0, top_k: int | 
     check_sampling(temperature, top_k, top_p)
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
-    logits = logits.float() / temperature
+    # Shift the max to 0 first (softmax does the same inside): a tiny temperature then sends the other
+    # logits to -inf instead of overflowing every logit to +inf and the probabilities to NaN.
+    logits = logits.float()
+    # A temperature below float32's smallest normal number would round to 0 (0 / 0 = NaN); it is greedy anyway.
+    temperature = max(temperature, torch.finfo(torch.float32).tiny)
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -46,9 +75,14 @@ def sampling_probs(logits: torch.Tensor, temperature: float = 0.0, top_k: int | 
 
 
 def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
-           top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Pick one token per row of logits [batch, vocab], on the logits' device. temperature=0 is greedy."""
+           top_p: float | None = None, generator: torch.Generator | None = None, *, check: bool = True) -> torch.Tensor:
+    """Pick one token per row of logits [batch, vocab], on the logits' device. temperature=0 is greedy.
+
+    NaN logits are refused (greedy would otherwise return token 0); `check=False` skips that host sync.
+    """
     check_sampling(temperature, top_k, top_p)
+    if check:
+        check_logits(logits)
     if temperature == 0:
         return logits.argmax(dim=-1)
     probs = sampling_probs(logits, temperature, top_k, top_p)
@@ -56,20 +90,31 @@ def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = N
 
 
 def prefill(model, ids: torch.Tensor, cache: KVCache, **sampling) -> torch.Tensor:
-    """One forward pass over the whole prompt [batch, T]: writes T cache entries, returns token [batch]."""
+    """One forward pass over the whole prompt [batch, T]: writes T cache entries, returns token [batch].
+
+    The request's checks run here, once: ids against the vocab and context, the cache against the
+    model (GPT.forward(check=True)), and the logits for NaN (sample).
+    """
     logits = model(ids, cache, last_only=True)
     return sample(logits[:, -1], **sampling)
 
 
-def decode_step(model, token: torch.Tensor, cache: KVCache, **sampling) -> torch.Tensor:
-    """One forward pass over one new token [batch]: reads the cache, appends one entry, returns the next."""
-    # Shape checks only: reading token values would cost a host sync on every step.
+def decode_step(model, token: torch.Tensor, cache: KVCache, *, check: bool = True, **sampling) -> torch.Tensor:
+    """One forward pass over one new token [batch]: reads the cache, appends one entry, returns the next.
+
+    With check=True (the default, for a call by hand) the token ids and the cache are checked against
+    the model and the logits for NaN: host syncs. generate() checks once, in prefill, and passes
+    check=False, leaving only the free shape checks on every step.
+    """
     if not isinstance(token, torch.Tensor) or token.dim() != 1:
         raise ValueError("decode_step takes the newest token of each sequence as a 1-D tensor [batch], got "
-                         f"{tuple(token.shape) if isinstance(token, torch.Tensor) else type(token).__name__}")
+                         f"{tuple(token.shape) if isinstance(token, torch.Tensor) else describe(token)}")
+    if check:
+        model.check_ids(token[:, None], cache.pos)
+        check_cache(cache, model)
     cache.check_fits(token.shape[0], 1)
     logits = model(token[:, None], cache, check=False, last_only=True)
-    return sample(logits[:, -1], **sampling)
+    return sample(logits[:, -1], check=check, **sampling)
 
 
 @dataclass
@@ -103,27 +148,25 @@ def as_batch(ids, device) -> torch.Tensor:
         except (TypeError, ValueError, RuntimeError):
             raise TypeError("ids must be a list of ints (or a list of equal-length lists for a batch)") from None
     if not isinstance(ids, torch.Tensor):
-        raise TypeError(f"ids must be a list of ints or a LongTensor, got {type(ids).__name__}")
+        raise TypeError(f"ids must be a list of ints or a LongTensor, got {describe(ids)}; "
+                        "encode text first, e.g. encode(enc, text)")
     if ids.numel() == 0:
-        raise ValueError("the prompt is empty; encode at least one token")
+        raise ValueError("ids is empty: the prompt is empty; encode at least one token")
     if ids.dtype == torch.bool or ids.dtype.is_floating_point or ids.dtype.is_complex:
         raise TypeError(f"ids must be integer token ids, got dtype {ids.dtype}; "
                         "encode text with the tokenizer, or use torch.tensor(ids, dtype=torch.long)")
     if ids.dim() == 1:
         ids = ids[None]
     if ids.dim() != 2:
-        raise ValueError(f"the prompt must be [batch, T] with T >= 1, got shape {tuple(ids.shape)}")
+        raise ValueError(f"ids must be [T] or [batch, T] with T >= 1, got shape {tuple(ids.shape)}")
     return ids.to(device=device, dtype=torch.long)
 
 
 def check_request(model, ids, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
                   top_p: float | None = None) -> torch.Tensor:
     """Refuse a request that cannot run, before any forward pass; returns ids as [batch, T] on the model's device."""
-    ids = as_batch(ids, next(model.parameters()).device)
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
-        raise TypeError(f"max_new_tokens must be an int, got {type(max_new_tokens).__name__} {max_new_tokens!r}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    ids = as_batch(ids, model_device(model))
+    max_new_tokens = check_count("max_new_tokens", max_new_tokens, 1)
     check_sampling(temperature, top_k, top_p)
     T, ctx = ids.shape[1], model.config.context_length
     if T + max_new_tokens > ctx:
@@ -139,9 +182,11 @@ def generate(model, ids, max_new_tokens: int, *, use_cache: bool = True, tempera
     """Prefill, then decode until max_new_tokens. With use_cache=False every step recomputes the
     whole sequence: the baseline that shows what the cache saves."""
     t0 = time.perf_counter()   # the request starts now: validation and cache allocation count toward TTFT
-    device = next(model.parameters()).device
+    device = model_device(model)
     ids = check_request(model, ids, max_new_tokens, temperature, top_k, top_p)
     T, max_new_tokens = ids.shape[1], int(max_new_tokens)
+    use_cache = check_flag("use_cache", use_cache)
+    seed = None if seed is None else check_seed(seed)
     generator = None
     if seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
@@ -155,17 +200,16 @@ def generate(model, ids, max_new_tokens: int, *, use_cache: bool = True, tempera
         stamps.append(time.perf_counter() - t0)
 
     if use_cache:
-        dtype = next(model.parameters()).dtype
-        cache = KVCache(model.config, ids.shape[0], T + max_new_tokens, device=device, dtype=dtype)
+        cache = KVCache(model.config, ids.shape[0], T + max_new_tokens, device=device, dtype=model_dtype(model))
         tok = prefill(model, ids, cache, **sampling)
         emit(tok)
         for _ in range(max_new_tokens - 1):
-            tok = decode_step(model, tok, cache, **sampling)
+            tok = decode_step(model, tok, cache, check=False, **sampling)
             emit(tok)
     else:
         seq = ids
-        for _ in range(max_new_tokens):
-            tok = sample(model(seq, check=False, last_only=True)[:, -1], **sampling)
+        for i in range(max_new_tokens):
+            tok = sample(model(seq, check=False, last_only=True)[:, -1], check=i == 0, **sampling)
             emit(tok)
             seq = torch.cat([seq, tok[:, None]], dim=1)
     return GenerationResult(torch.stack(tokens, dim=1), stamps, T)

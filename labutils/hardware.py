@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import gc
-import math
 import os
 import platform
 import re
@@ -15,6 +14,7 @@ from typing import Callable, TypeVar
 import torch
 
 from .timing import time_fn
+from .validate import check_count, check_device, check_positive, device_available
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -23,20 +23,13 @@ T = TypeVar("T")
 
 def pick_device(prefer: str | None = None) -> torch.device:
     """cuda, then mps, then cpu; `prefer` forces one and says clearly when it is not available."""
-    available = {"cuda": torch.cuda.is_available(),
-                 "mps": getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available(),
-                 "cpu": True}
     if prefer is not None:
-        if prefer not in available:
-            raise ValueError(f"unknown device {prefer!r}; choose cuda, mps or cpu")
-        if not available[prefer]:
-            raise RuntimeError(f"device {prefer!r} is not available on this machine; use pick_device() to fall back")
-        return torch.device(prefer)
-    return torch.device(next(name for name, ok in available.items() if ok))
+        return check_device("device", prefer)
+    return torch.device(next(kind for kind in ("cuda", "mps", "cpu") if device_available(kind)))
 
 
 def _resolve(device: torch.device | str | None) -> torch.device:
-    device = pick_device() if device is None else torch.device(device)
+    device = pick_device() if device is None else check_device("device", device)
     if device.type == "cuda" and device.index is None:
         # "cuda" and "cuda:0" must share one cache entry in measured_peaks.
         device = torch.device("cuda", torch.cuda.current_device())
@@ -141,8 +134,9 @@ def _guarded(fn: Callable[[], T], what: str, hint: str) -> T:
     reason = None
     try:
         return fn()
-    except (MemoryError, RuntimeError) as err:
-        if not is_oom(err):
+    except (MemoryError, RuntimeError, TypeError) as err:
+        # A size past int64 is refused by torch with an "overflow" TypeError/RuntimeError: it does not fit either.
+        if not (is_oom(err) or "overflow" in str(err).lower()):
             raise
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
     # Raised outside the except block on purpose: the old traceback (whose frames hold the
@@ -196,8 +190,7 @@ def measure_bandwidth(device: torch.device | str | None = None, nbytes: int | No
                           f"cache size overstates DRAM bandwidth. Free memory, or pass nbytes= yourself.",
                           stacklevel=2)
             nbytes = shrunk
-    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 4096:
-        raise ValueError(f"nbytes must be an integer >= 4096, got {nbytes!r}")
+    nbytes = check_count("nbytes", nbytes, 4096, hint="a copy of under 4 KiB measures the call, not the memory")
     numel = nbytes // 4
 
     def run() -> float:
@@ -278,8 +271,7 @@ def measure_matmul_flops(dtype: torch.dtype = torch.float32, device: torch.devic
             n //= 2
             warnings.warn(f"measure_matmul_flops: not enough free memory on {device}; shrinking n to {n}",
                           stacklevel=2)
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"n must be a positive integer, got {n!r}")
+    n = check_count("n", n, 1)
 
     def run() -> float:
         a = _empty(n * n, dtype, device).view(n, n).normal_()
@@ -312,8 +304,7 @@ def measure_linear_sweep(n_out: int = 3072, n_in: int = 768, batches=(1, 2, 4, 8
     check_dtype(dtype, device)
     batches = list(batches)
     for name, value in (("n_out", n_out), ("n_in", n_in), ("repeats", repeats), *(("batch", b) for b in batches)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        check_count(name, value, 1)
     if not batches:
         raise ValueError("batches is empty; pass the batch sizes to time, e.g. (1, 8, 64)")
     g = torch.Generator().manual_seed(seed)
@@ -382,10 +373,7 @@ def measured_peaks(device: torch.device | str | None = None, dtype: torch.dtype 
 
 def ridge_point(flops: float, bandwidth_Bps: float) -> float:
     """Arithmetic intensity (FLOP/byte) at which compute time equals memory time: flops / bandwidth."""
-    for name, value in (("flops", flops), ("bandwidth_Bps", bandwidth_Bps)):
-        if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-    return flops / bandwidth_Bps
+    return check_positive("flops", flops) / check_positive("bandwidth_Bps", bandwidth_Bps)
 
 
 # ---------------------------------------------------------------------------------------------

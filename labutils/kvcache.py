@@ -6,7 +6,48 @@ from __future__ import annotations
 
 import torch
 
-from .validate import check_count
+from .validate import DEVICE_KINDS, DoesNotFitError, check_count, check_device, check_torch_dtype
+
+
+def cache_args(config, batch_size, max_len, device, dtype):
+    """Check a cache's arguments, one rule for every cache: (batch_size, max_len, device, dtype), normalized.
+
+    A cache that could never be allocated (more bytes than free memory, or than int64 counts) is
+    refused here, by name, before torch tries.
+    """
+    max_len = config.context_length if max_len is None else max_len
+    max_len = check_count("max_len", max_len, 1, config.context_length,
+                          hint=f"it exceeds the context length {config.context_length}; the position table "
+                               "has no row for later positions")
+    batch_size = check_count("batch_size", batch_size, 1)
+    device = None if device is None else check_device("device", device, DEVICE_KINDS + ("meta",))
+    dtype = check_torch_dtype("dtype", dtype)
+    need = _cache_bytes(config, batch_size, max_len, dtype)
+    free = None
+    if need < 2 ** 62 and (device is None or device.type != "meta"):
+        from .hardware import free_memory_bytes
+        free = free_memory_bytes(device or "cpu")
+    if need >= 2 ** 62 or (free is not None and need > free):
+        raise DoesNotFitError(does_not_fit(config, batch_size, max_len, device, dtype, free))
+    return batch_size, max_len, device, dtype
+
+
+def _cache_bytes(config, batch_size: int, max_len: int, dtype: torch.dtype) -> int:
+    from .dtypes import TORCH_DTYPES
+    from .roofline import kv_cache_bytes
+    if dtype in TORCH_DTYPES.values():
+        return kv_cache_bytes(config, max_len, batch_size, dtype)
+    # float64 (precision checks) is outside the course's dtype table: the same count at its element size.
+    return kv_cache_bytes(config, max_len, batch_size, "fp32") // 4 * dtype.itemsize
+
+
+def does_not_fit(config, batch_size, max_len, device, dtype, free=None) -> str:
+    """The message for a cache that memory cannot hold: its size, what is free, and what to shrink."""
+    need = _cache_bytes(config, batch_size, max_len, dtype)
+    room = f" ({free / 2**30:,.1f} GiB free)" if free is not None else ""
+    return (f"a KV cache of {need / 2**30:,.1f} GiB (batch_size={batch_size} x max_len={max_len}, {dtype}) does not "
+            f"fit on {torch.device(device or 'cpu')}{room}. Ask for a smaller batch_size or max_len (fewer new "
+            "tokens), or a 16-bit dtype")
 
 
 class KVBuffers:
@@ -48,14 +89,17 @@ class KVCache(KVBuffers):
 
     def __init__(self, config, batch_size: int = 1, max_len: int | None = None,
                  device=None, dtype=torch.float32):
-        max_len = config.context_length if max_len is None else max_len
-        if not isinstance(max_len, int) or not 1 <= max_len <= config.context_length:
-            raise ValueError(f"max_len={max_len} must be between 1 and the context length {config.context_length}")
-        check_count("batch_size", batch_size, 1)
+        batch_size, max_len, device, dtype = cache_args(config, batch_size, max_len, device, dtype)
         shape = (config.n_layer, batch_size, config.n_kv_head, max_len, config.head_dim)
-        # empty, not zeros: attention only ever reads positions < pos, which have been written.
-        self.k = torch.empty(shape, device=device, dtype=dtype)
-        self.v = torch.empty(shape, device=device, dtype=dtype)
+        try:
+            # empty, not zeros: attention only ever reads positions < pos, which have been written.
+            self.k = torch.empty(shape, device=device, dtype=dtype)
+            self.v = torch.empty(shape, device=device, dtype=dtype)
+        except (RuntimeError, MemoryError) as err:
+            from .hardware import is_oom
+            if not is_oom(err):
+                raise
+            raise DoesNotFitError(does_not_fit(config, batch_size, max_len, device, dtype)) from None
         self.batch_size, self.max_len = batch_size, max_len
         self.pos = 0
 
@@ -67,6 +111,7 @@ class KVCache(KVBuffers):
         return other
 
     def check_fits(self, batch_size: int, n_new: int) -> None:
+        """Refuse a forward whose batch differs from the cache's, or whose new tokens do not fit."""
         if batch_size != self.batch_size:
             raise ValueError(f"batch of {batch_size} sequences does not match the cache's batch_size={self.batch_size}")
         if self.pos + n_new > self.max_len:
@@ -90,7 +135,8 @@ class KVCache(KVBuffers):
 
     def advance(self, n: int) -> None:
         """Called once per forward, after every layer has written its entries."""
-        if n < 0 or self.pos + n > self.max_len:
+        n = check_count("n", n, 0)
+        if self.pos + n > self.max_len:
             raise ValueError(f"cannot advance the cache by {n} from pos={self.pos}: it holds {self.max_len} positions")
         self.pos += n
 
@@ -98,4 +144,4 @@ class KVCache(KVBuffers):
         self.pos = 0
 
 
-__all__ = ["KVBuffers", "KVCache"]
+__all__ = ["KVBuffers", "KVCache", "cache_args", "does_not_fit"]

@@ -15,6 +15,7 @@ from .kvcache import KVCache
 from .timing import time_fn
 from .model import GPT, GPTConfig
 from .presets import PRESETS
+from .validate import check_choice, check_count, check_device, check_dtype, check_seed
 
 # On a CPU, building a multi-billion-parameter model means minutes of random initialisation,
 # so the bigger shapes are offered only on a GPU.
@@ -31,14 +32,14 @@ def available_devices() -> list[str]:
         try:
             pick_device(name)
             names.append(name)
-        except RuntimeError:
+        except ValueError:          # validate.DeviceUnavailableError: not on this machine
             pass
     return names
 
 
 def dtype_choices(device) -> list[str]:
     """Weight dtypes worth offering on `device`. CPUs run bf16/fp16 too, often slower than fp32."""
-    kind = torch.device(device).type
+    kind = check_device("device", device).type
     if kind == "cuda":
         bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
         return ["fp32", "bf16", "fp16"] if bf16 else ["fp32", "fp16"]
@@ -54,7 +55,7 @@ def default_dtype_name(device) -> str:
 
 def free_bytes(device) -> float:
     """Memory free for a new model on `device` (models this module caches count as free: they can be evicted)."""
-    device = torch.device(device)
+    device = check_device("device", device)
     cached = sum(roofline.weight_bytes(m) for (_, _, dev, _), m in _MODELS.items()
                  if torch.device(dev).type == device.type)
     free = free_memory_bytes(device)
@@ -67,13 +68,15 @@ def model_config(preset: str, context_length: int | None = None) -> GPTConfig:
     """The preset's shape; `context_length` gives the random-weight model a longer (or shorter) position table."""
     if context_length is None:
         return GPTConfig.preset(preset)
-    return GPTConfig.preset(preset, context_length=context_length)
+    return GPTConfig.preset(preset, context_length=check_count("context_length", context_length, 1))
 
 
 def memory_needed(preset: str, prompt_len: int, new_tokens: int, batch: int = 1, dtype: str = "fp32",
                   context_length: int | None = None) -> int:
     """Rough peak bytes of one request: weights + KV cache + the prefill's largest activations."""
     cfg = model_config(preset, context_length)
+    prompt_len, new_tokens = check_count("prompt_len", prompt_len, 1), check_count("new_tokens", new_tokens, 1)
+    batch, dtype = check_count("batch", batch, 1), check_dtype("dtype", dtype, COMPUTE_DTYPES)
     elem = torch_dtype(dtype).itemsize
     weights = roofline.weight_bytes(cfg, dtype)
     build = weights + (roofline.weight_bytes(cfg, "fp32") if elem != 4 else 0)   # made in fp32, then cast
@@ -86,7 +89,7 @@ def memory_needed(preset: str, prompt_len: int, new_tokens: int, batch: int = 1,
 
 def preset_choices(device) -> tuple[list[str], list[str]]:
     """(presets whose weights fit on `device`, one note per preset left out and why)."""
-    device = torch.device(device)
+    device = check_device("device", device)
     free = free_bytes(device)
     offered, notes = [], []
     for name, shape in PRESETS.items():
@@ -107,13 +110,9 @@ def check_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 1,
                   device="cpu", context_length: int | None = None) -> None:
     """Raise a ValueError that names the problem and the way out, before anything is allocated."""
     cfg = model_config(preset, context_length)      # unknown preset -> ValueError listing the names
-    for name, value in (("prompt_len", prompt_len), ("batch", batch)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
-    if not isinstance(new_tokens, int) or new_tokens < 2:
-        raise ValueError(f"new_tokens must be >= 2 (TPOT needs at least two output tokens), got {new_tokens!r}")
-    if dtype not in COMPUTE_DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {list(COMPUTE_DTYPES)}")
+    prompt_len, batch = check_count("prompt_len", prompt_len, 1), check_count("batch", batch, 1)
+    new_tokens = check_count("new_tokens", new_tokens, 2, hint="TPOT needs at least two output tokens")
+    dtype = check_dtype("dtype", dtype, COMPUTE_DTYPES)
     if dtype not in dtype_choices(device):
         raise ValueError(f"{dtype} is not supported on {torch.device(device).type}; "
                          f"choose one of {dtype_choices(device)}")
@@ -126,12 +125,15 @@ def check_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 1,
     if need > 0.9 * free:
         raise ValueError(f"{preset} in {dtype} with batch {batch} and {prompt_len}+{new_tokens} tokens needs about "
                          f"{need / 1e9:.1f} GB, but only {free / 1e9:.1f} GB is free on {torch.device(device).type}; "
-                         "choose a smaller preset, a 2-byte dtype, a smaller batch or fewer tokens")
+                         "choose a smaller preset, a 2-byte dtype, a smaller batch or fewer tokens"
+                         + (f" (context_length={context_length} sets the position table)" if context_length else ""))
 
 
 def get_model(preset: str, dtype: str = "fp32", device="cpu", context_length: int | None = None) -> GPT:
     """A random-weight GPT of the preset's shape, built once per (preset, dtype, device, context) and cached."""
-    key = (preset, dtype, str(torch.device(device)), context_length)
+    model_config(preset, context_length)          # the preset and context, checked before anything is built
+    dtype, device = check_dtype("dtype", dtype, COMPUTE_DTYPES), check_device("device", device)
+    key = (preset, dtype, str(device), context_length)
     if key in _MODELS:
         _MODELS.move_to_end(key)
         return _MODELS[key]
@@ -167,10 +169,9 @@ def measure_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 
     device's measured bandwidth and FLOP/s, for MBU and MFU. `context_length` overrides the preset's
     position table (GPT-2's 1,024 positions cannot hold 1,000 + 200 tokens).
     """
-    device = torch.device(device)
+    device = check_device("device", device)
     check_request(preset, prompt_len, new_tokens, batch, dtype, device, context_length)
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    repeats, seed = check_count("repeats", repeats, 1, 1000), check_seed(seed)
     try:
         model = get_model(preset, dtype, device, context_length)
         g = torch.Generator().manual_seed(seed)
@@ -189,10 +190,15 @@ def measure_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 
     ttft = statistics.median(r.ttft_s for r in runs)
     tpot = statistics.median(r.tpot_s for r in runs)
     typical = sorted(runs, key=lambda r: r.latency_s)[len(runs) // 2]
-    pos = prompt_len + new_tokens // 2          # keys a decode step reads, averaged over the steps
+    pos = roofline.mean_decode_pos(prompt_len, new_tokens)
     step_bytes = roofline.decode_bytes(cfg, pos, batch, dtype)
     prefill_flops = roofline.prefill_flops(cfg, prompt_len, batch)    # the one count: floors and MFU use it
     decode_flops = roofline.decode_flops(cfg, pos, batch)
+    # warn=False: roofline warns about a utilization above 1 (usually a unit typed by hand). Here every
+    # input is measured in the right units, and a small model held in a CPU cache really can beat DRAM.
+    utilization = dict(mbu=roofline.mbu(cfg, pos, batch, dtype, tpot, peaks.bandwidth_Bps, warn=False),
+                       mfu_prefill=roofline.mfu(prefill_flops, ttft, peaks.flops, warn=False),
+                       mfu_decode=roofline.mfu(decode_flops, tpot, peaks.flops, warn=False))
     return dict(
         preset=preset, dtype=dtype, device=str(device), device_name=peaks.device_name, batch=batch,
         prompt_len=prompt_len, new_tokens=new_tokens, context_length=cfg.context_length,
@@ -201,9 +207,7 @@ def measure_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 
         decode_tok_s=batch / tpot,
         decode_pos=pos, decode_bytes=step_bytes, achieved_Bps=step_bytes / tpot,
         prefill_flops=prefill_flops, achieved_flops=prefill_flops / ttft,          # MFU's numerator
-        mbu=roofline.mbu(cfg, pos, batch, dtype, tpot, peaks.bandwidth_Bps),
-        mfu_prefill=roofline.mfu(prefill_flops, ttft, peaks.flops),
-        mfu_decode=roofline.mfu(decode_flops, tpot, peaks.flops),
+        **utilization,
         peak_bandwidth_Bps=peaks.bandwidth_Bps, peak_flops=peaks.flops,
     )
 
@@ -218,8 +222,8 @@ def time_pass(model: GPT, phase: str, n: int, *, pos: int = 128, repeats: int = 
     and values (zeros neither speed up nor slow down a CPU or GPU matmul noticeably), and nothing has to be
     prefilled first, which at batch 64 would cost more than the step itself.
     """
-    if phase not in ("prefill", "decode"):
-        raise ValueError(f"phase must be 'prefill' or 'decode', got {phase!r}")
+    check_choice("phase", phase, ("prefill", "decode"))
+    n, pos, repeats = check_count("n", n, 1), check_count("pos", pos, 0), check_count("repeats", repeats, 1)
     batch, T = (1, n) if phase == "prefill" else (n, 1)
     start = 0 if phase == "prefill" else pos
     if start + T > model.config.context_length:
@@ -242,6 +246,7 @@ def time_pass(model: GPT, phase: str, n: int, *, pos: int = 128, repeats: int = 
 def roofline_point(preset: str, phase: str, n: int, dtype: str = "fp32", device="cpu", *, pos: int = 128,
                    repeats: int = 5) -> dict:
     """Time one pass (see time_pass) and place it on the roofline: FLOPs, bytes, intensity, achieved rates."""
+    check_choice("phase", phase, ("prefill", "decode"))
     model = get_model(preset, dtype, device)
     seconds = time_pass(model, phase, n, pos=pos, repeats=repeats)
     cfg = model.config

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 from .kernels import attention
 from .presets import get_shape
-from .safetensors_reader import read_safetensors
+from .safe_load import read_json, read_weights, torch_load, warn_nonfinite
+from .validate import check_cache, check_choice, check_count, check_flag, check_token_ids
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 
@@ -34,13 +35,17 @@ class GPTConfig:
     tie_weights: bool = True       # GPT-2 reuses the token embedding as the output layer
 
     def __post_init__(self):
+        # One rule for every size (labutils.validate): 101.5 or True is refused; numpy ints become ints.
+        for field in ("vocab_size", "context_length", "n_layer", "n_head", "n_embd"):
+            object.__setattr__(self, field, check_count(f"GPTConfig.{field}", getattr(self, field), 1))
         if self.n_kv_head is None:
             object.__setattr__(self, "n_kv_head", self.n_head)
         if self.n_inner is None:
             object.__setattr__(self, "n_inner", 4 * self.n_embd)
-        for field in ("vocab_size", "context_length", "n_layer", "n_head", "n_embd", "n_kv_head", "n_inner"):
-            if getattr(self, field) < 1:
-                raise ValueError(f"GPTConfig.{field} must be >= 1, got {getattr(self, field)}")
+        for field in ("n_kv_head", "n_inner"):
+            object.__setattr__(self, field, check_count(f"GPTConfig.{field}", getattr(self, field), 1))
+        for field in ("gated_mlp", "bias", "tie_weights"):
+            object.__setattr__(self, field, check_flag(f"GPTConfig.{field}", getattr(self, field)))
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head} "
                              f"(each head gets n_embd / n_head dims)")
@@ -168,28 +173,14 @@ class GPT(nn.Module):
     def set_attention(self, impl: str) -> "GPT":
         """Switch every layer between "naive" and "sdpa" attention."""
         from .kernels import ATTENTION_IMPLS
-        if impl not in ATTENTION_IMPLS:
-            raise ValueError(f"unknown attention impl {impl!r}; choose one of {list(ATTENTION_IMPLS)}")
+        check_choice("attention impl", impl, ATTENTION_IMPLS)
         for block in self.blocks:
             block.attn.impl = impl
         return self
 
     def check_ids(self, ids: torch.Tensor, start: int = 0) -> None:
         """Refuse input the model cannot embed, with a message that says how to fix it."""
-        if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int64, torch.int32):
-            raise TypeError("ids must be an integer tensor of token ids [batch, seq]; "
-                            "use torch.tensor(ids, dtype=torch.long)")
-        if ids.dim() != 2 or ids.shape[1] == 0:
-            raise ValueError(f"ids must have shape [batch, seq] with seq >= 1, got {tuple(ids.shape)}; "
-                             "for one sequence use ids[None]")
-        V = self.config.vocab_size
-        lo, hi = int(ids.min()), int(ids.max())
-        if lo < 0 or hi >= V:
-            raise ValueError(f"token id {hi if hi >= V else lo} is outside the vocab of size {V}; "
-                             "encode with the tokenizer that matches this model")
-        if start + ids.shape[1] > self.config.context_length:
-            raise ValueError(f"{start + ids.shape[1]} positions exceed the model's context length "
-                             f"{self.config.context_length}; shorten the prompt or the output")
+        check_token_ids("ids", ids, self.config.vocab_size, self.config.context_length, start)
 
     def forward(self, ids: torch.Tensor, cache=None, *, check: bool = True, last_only: bool = False) -> torch.Tensor:
         """ids [batch, seq] -> logits [batch, seq, vocab]. With a cache, ids continue from cache.pos.
@@ -209,6 +200,7 @@ class GPT(nn.Module):
             # int(): a static cache keeps pos on the device; reading it is a host sync, like check_ids.
             self.check_ids(ids, int(cache.pos) if cache is not None else 0)
             if cache is not None:
+                check_cache(cache, self)     # layers, heads, dtype, device: once per request, not per step
                 cache.check_fits(ids.shape[0], ids.shape[1])
         T = ids.shape[1]
         # The cache says where the new tokens sit: a Python int for KVCache, a device tensor for a
@@ -224,10 +216,10 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
-def _hf_gpt2_config(hf: dict) -> GPTConfig:
+def _hf_gpt2_config(hf: dict, source="config.json") -> GPTConfig:
     """GPTConfig from a Hugging Face GPT-2 config.json; refuse the options our blocks do not implement."""
     if hf.get("model_type", "gpt2") != "gpt2":
-        raise ValueError(f"config.json describes a {hf['model_type']!r} model; load_hf_gpt2 reads GPT-2 only")
+        raise ValueError(f"{source} describes a {hf['model_type']!r} model; load_hf_gpt2 reads GPT-2 only")
     unsupported = {
         "activation_function": (hf.get("activation_function", "gelu_new"), ("gelu_new", "gelu_pytorch_tanh")),
         "layer_norm_epsilon": (hf.get("layer_norm_epsilon", 1e-5), (1e-5,)),
@@ -237,28 +229,17 @@ def _hf_gpt2_config(hf: dict) -> GPTConfig:
     }
     for key, (value, ok) in unsupported.items():
         if value not in ok:
-            raise ValueError(f"config.json sets {key}={value!r}; this GPT implements only {ok}")
+            raise ValueError(f"{source} sets {key}={value!r}; this GPT implements only {ok}")
     hf = {"n_positions": hf.get("n_ctx"), **hf}   # very old GPT-2 configs call the context n_ctx
     missing = [k for k in ("vocab_size", "n_positions", "n_layer", "n_head", "n_embd") if hf.get(k) is None]
     if missing:
-        raise ValueError(f"config.json lacks {missing}; it is not a GPT-2 config")
-    return GPTConfig(vocab_size=hf["vocab_size"], context_length=hf["n_positions"],
-                     n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"],
-                     n_inner=hf.get("n_inner"), tie_weights=hf.get("tie_word_embeddings", True))
-
-
-def _read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a saved HF model: model.safetensors, its sharded form, or pytorch_model.bin."""
-    if (path / "model.safetensors").exists():
-        return read_safetensors(path / "model.safetensors")
-    if (path / "model.safetensors.index.json").exists():
-        shards = sorted(set(json.loads((path / "model.safetensors.index.json").read_text())["weight_map"].values()))
-        return {k: v for shard in shards for k, v in read_safetensors(path / shard).items()}
-    if (path / "pytorch_model.bin").exists():
-        # weights_only: a .bin is a pickle, and only plain tensors may come out of it.
-        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    raise FileNotFoundError(f"{path} has no model.safetensors or pytorch_model.bin; "
-                            "save one with GPT2LMHeadModel.save_pretrained(path)")
+        raise ValueError(f"{source} lacks {missing}; it is not a GPT-2 config")
+    try:
+        return GPTConfig(vocab_size=hf["vocab_size"], context_length=hf["n_positions"],
+                         n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"],
+                         n_inner=hf.get("n_inner"), tie_weights=hf.get("tie_word_embeddings", True))
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"{source}: {err}") from None
 
 
 def _hf_gpt2_names(cfg: GPTConfig) -> dict[str, tuple[str, tuple[int, ...], bool]]:
@@ -299,8 +280,8 @@ def load_hf_gpt2(path: str | Path, device=None, dtype: torch.dtype = torch.float
     path = Path(path)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} has no config.json; point load_hf_gpt2 at a save_pretrained folder")
-    cfg = _hf_gpt2_config(json.loads((path / "config.json").read_text()))
-    raw = _read_hf_weights(path)
+    cfg = _hf_gpt2_config(read_json(path / "config.json", "a GPT-2 config"), path / "config.json")
+    raw = read_weights(path)     # inside `path` only; NaN/Inf tensors warn by name
     # GPT2LMHeadModel prefixes "transformer."; GPT2Model and the original OpenAI .bin files do not.
     prefix = "transformer." if any(k.startswith("transformer.") for k in raw) else ""
     state = {k.removeprefix("transformer."): v for k, v in raw.items()}
@@ -386,12 +367,26 @@ def load_checkpoint(path: str | Path, map_location="cpu") -> GPT:
     """Load a course checkpoint: a folder with config.json and model.pt (a state_dict)."""
     path = Path(path)
     if not (path / "config.json").exists() or not (path / "model.pt").exists():
-        raise FileNotFoundError(f"{path} needs config.json and model.pt; "
-                                "rebuild the course checkpoint with `python -m labutils.train`")
-    cfg = GPTConfig(**json.loads((path / "config.json").read_text()))
+        raise FileNotFoundError(f"{path} needs config.json and model.pt; rebuild the course checkpoints "
+                                "with `python -m labutils.train` (data/tiny) or `... --model draft` (data/draft)")
+    raw = read_json(path / "config.json", "a GPTConfig")
+    fields = {f.name for f in dataclasses.fields(GPTConfig)}
+    if unknown := sorted(set(raw) - fields):
+        raise ValueError(f"{path / 'config.json'} has unknown field(s) {unknown}; a GPTConfig has {sorted(fields)}")
+    try:
+        cfg = GPTConfig(**raw)
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"{path / 'config.json'}: {err}") from None
     model = GPT(cfg)
-    state = torch.load(path / "model.pt", map_location=map_location, weights_only=True)
-    model.load_state_dict(state)
+    state = torch_load(path / "model.pt")       # weights_only=True; the message never says otherwise
+    if not isinstance(state, dict):
+        raise ValueError(f"{path / 'model.pt'} holds a {type(state).__name__}, not a state_dict")
+    warn_nonfinite(state, path / "model.pt")
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as err:
+        raise ValueError(f"{path / 'model.pt'} does not match {path / 'config.json'}: "
+                         f"{' '.join(str(err).split())[:400]}") from None
     return model.eval()
 
 
@@ -402,15 +397,22 @@ def save_checkpoint(model: GPT, path: str | Path) -> None:
     torch.save(model.state_dict(), path / "model.pt")   # a tied tensor is stored once
 
 
-def load_pretrained(map_location="cpu"):
-    """The course's trained tiny GPT (data/tiny, fp32, eval mode) and the course encoding it reads.
+PRETRAINED = ("tiny", "draft")   # the folders in data/ that `python -m labutils.train --model NAME` rebuilds
 
-    Both come from files in the repository: nothing is downloaded. Returns (model, encoding).
+
+def load_pretrained(name: str = "tiny", map_location="cpu"):
+    """A course checkpoint from data/<name> (fp32, eval mode) and the course encoding it reads.
+
+    "tiny" is the trained 4-layer GPT of lessons 04-06; "draft" is its 1-layer speculative draft
+    (lesson 10), trained on the same corpus with the same tokenizer. Both come from files in the
+    repository: nothing is downloaded. Returns (model, encoding).
     """
     from .tokenizer import get_encoding
-    model = load_checkpoint(DATA_DIR / "tiny", map_location=map_location)
+    if name not in PRETRAINED:
+        raise ValueError(f"unknown course checkpoint {name!r}; choose one of {list(PRETRAINED)}")
+    model = load_checkpoint(DATA_DIR / name, map_location=map_location)
     enc = get_encoding("course")
     if enc.n_vocab != model.config.vocab_size:
-        raise ValueError(f"data/tiny expects a vocab of {model.config.vocab_size} but the course encoding "
-                         f"has {enc.n_vocab}; rebuild the checkpoint with `python -m labutils.train`")
+        raise ValueError(f"data/{name} expects a vocab of {model.config.vocab_size} but the course encoding "
+                         f"has {enc.n_vocab}; rebuild the checkpoint with `python -m labutils.train --model {name}`")
     return model, enc

@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from .validate import check_choice, check_count
+
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -34,9 +36,10 @@ class ModelShape:
         2 x n_embd x head_dim weights per KV head (plus their biases, which the GPT-2 family has and
         the gated Llama family does not), so n_params changes with the cache.
         """
-        if isinstance(n_kv_head, bool) or not isinstance(n_kv_head, int) or n_kv_head < 1 \
-                or self.n_head % n_kv_head:
-            raise ValueError(f"n_kv_head must be an int >= 1 that divides n_head={self.n_head}, got {n_kv_head!r}")
+        n_kv_head = check_count("n_kv_head", n_kv_head, 1)
+        if self.n_head % n_kv_head:
+            divisors = [d for d in range(1, self.n_head + 1) if self.n_head % d == 0]
+            raise ValueError(f"n_kv_head must divide n_head={self.n_head}, got {n_kv_head}; choose one of {divisors}")
         bias = 0 if self.gated_mlp else 1
         delta = 2 * self.n_layer * (self.n_embd + bias) * self.head_dim * (self.n_kv_head - n_kv_head)
         return dataclasses.replace(self, name=name or f"{self.name}, {n_kv_head} KV heads",
@@ -75,7 +78,4 @@ PRESETS: dict[str, ModelShape] = {s.name: s for s in [
 
 def get_shape(name: str) -> ModelShape:
     """Look up a preset by its lowercase, hyphenated name."""
-    try:
-        return PRESETS[name]
-    except KeyError:
-        raise ValueError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}") from None
+    return PRESETS[check_choice("preset", name, PRESETS)]

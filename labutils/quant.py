@@ -27,6 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import roofline, timing
+from .validate import check_count
 
 # Model dtypes Int8Linear can serve, per device type. The CPU kernel computes in bf16 either way;
 # fp16 activations take its untuned path there, so an fp16 model must be cast to fp32 or bf16 first.
@@ -258,8 +259,7 @@ def int8_paths(n_out: int = 3072, n_in: int = 768, batch: int = 1, device=None, 
     device = pick_device() if device is None else torch.device(device)
     for name, value in (("n_out", n_out), ("n_in", n_in), ("batch", batch), ("rounds", rounds),
                         ("repeats", repeats)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        check_count(name, value, 1)
     g = torch.Generator().manual_seed(seed)
     w = (torch.randn(n_out, n_in, generator=g) * 0.02).to(device)
     x = torch.randn(batch, n_in, generator=g).to(device)

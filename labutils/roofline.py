@@ -1,14 +1,14 @@
 """The one place for FLOPs and bytes: weights, KV cache, each phase; intensity, floors, MBU and MFU."""
 from __future__ import annotations
 
-import math
+import warnings
 from dataclasses import dataclass
 
 import torch
 
 from .dtypes import dtype_bytes
 from .presets import ModelShape, get_shape
-from .validate import check_count
+from .validate import check_count, check_dtype, check_flag, check_number, check_positive, describe
 
 # Conventions (one place, so every lesson counts the same way):
 # - A token's forward multiplies by every weight in the blocks and by the output layer: 2 FLOPs per weight
@@ -47,7 +47,8 @@ def counts(x) -> Counts:
     elif hasattr(cfg, "num_params") and hasattr(cfg, "n_layer"):
         n_params, learned_pos = cfg.num_params(), True       # our GPT learns a position table
     else:
-        raise TypeError(f"expected a GPT model, a GPTConfig, a ModelShape or a preset name, got {type(x).__name__}")
+        raise TypeError(f"x (the model) must be a GPT model, a GPTConfig, a ModelShape or a preset name, "
+                        f"got {describe(x)}; e.g. roofline.decode_bytes('gpt2-small', pos=128)")
     C, V = cfg.n_embd, cfg.vocab_size
     tables = V * C + (cfg.context_length * C if learned_pos else 0)
     head = V * C
@@ -87,14 +88,14 @@ def weight_bytes(x, dtype=None) -> int:
         if dtype is not None:
             raise ValueError("a model's weight bytes are its tensors' own; pass dtype only with a config or preset")
         return _tensor_bytes(_model_tensors(x))
-    return counts(x).n_params * dtype_bytes(torch.float16 if dtype is None else dtype)
+    return counts(x).n_params * dtype_bytes(check_dtype("dtype", "fp16" if dtype is None else dtype))
 
 
 def step_weight_bytes(x, tokens_per_seq: int = 1, batch: int = 1, dtype=None) -> int:
     """Weight bytes one forward pass reads: every block weight and the output layer once, plus one
     embedding row per token (batch x tokens_per_seq of them). The rest of the tables stays unread."""
-    check_count("tokens_per_seq", tokens_per_seq, 1)
-    check_count("batch", batch, 1)
+    tokens_per_seq = check_count("tokens_per_seq", tokens_per_seq, 1)
+    batch = check_count("batch", batch, 1)
     c = counts(x)
     rows = batch * tokens_per_seq
     if _is_model(x):
@@ -106,7 +107,7 @@ def step_weight_bytes(x, tokens_per_seq: int = 1, batch: int = 1, dtype=None) ->
         table_bytes = _tensor_bytes(t for t in tables if id(t) not in head_ids)
         body = weight_bytes(x) - head - table_bytes
         return body + head + rows * c.row_params * x.tok_emb.weight.element_size()
-    elem = dtype_bytes(torch.float16 if dtype is None else dtype)
+    elem = dtype_bytes(check_dtype("dtype", "fp16" if dtype is None else dtype))
     return (c.body_params + c.head_params + rows * c.row_params) * elem
 
 
@@ -115,13 +116,13 @@ def step_weight_bytes(x, tokens_per_seq: int = 1, batch: int = 1, dtype=None) ->
 def kv_bytes_per_token(x, dtype=torch.float16) -> int:
     """Cache bytes one token adds to one sequence: 2 (K and V) x layers x kv_heads x head_dim x bytes."""
     shape = counts(x).kv_shape
-    return 2 * shape.n_layer * shape.n_kv_head * shape.head_dim * dtype_bytes(dtype)
+    return 2 * shape.n_layer * shape.n_kv_head * shape.head_dim * dtype_bytes(check_dtype("dtype", dtype))
 
 
 def kv_cache_bytes(x, seq_len: int, batch_size: int = 1, dtype=torch.float16) -> int:
     """2 (K and V) x layers x kv_heads x head_dim x bytes x seq_len x batch."""
-    check_count("seq_len", seq_len, 0)
-    check_count("batch_size", batch_size, 1)
+    seq_len = check_count("seq_len", seq_len, 0)
+    batch_size = check_count("batch_size", batch_size, 1)
     return kv_bytes_per_token(x, dtype) * seq_len * batch_size
 
 
@@ -132,7 +133,8 @@ def tokens_where_cache_exceeds_weights(x, batch_size: int = 1, dtype=torch.float
     It can lie beyond the model's context length: then the cache never overtakes the weights for
     one request, and only a larger batch makes it.
     """
-    check_count("batch_size", batch_size, 1)
+    batch_size = check_count("batch_size", batch_size, 1)
+    check_dtype("weight_dtype", weight_dtype)
     return weight_bytes(x, weight_dtype) // (kv_bytes_per_token(x, dtype) * batch_size) + 1
 
 
@@ -150,7 +152,7 @@ def flops_per_token(x, pos: int = 0) -> int:
     `pos` is how many keys the token attends to (its own included). pos=0 gives the classic
     "2 FLOPs per parameter per token" with the attention term left out.
     """
-    check_count("pos", pos, 0)
+    pos = check_count("pos", pos, 0)
     c = counts(x)
     return 2 * (c.body_params + c.head_params) + 4 * c.n_layer * pos * c.n_embd
 
@@ -158,16 +160,24 @@ def flops_per_token(x, pos: int = 0) -> int:
 def prefill_flops(x, prompt_len: int, batch: int = 1) -> int:
     """FLOPs of one prefill pass: every prompt token through the blocks, token t attending to t keys
     (causal), and the output layer for the last position only."""
-    check_count("prompt_len", prompt_len, 1)
-    check_count("batch", batch, 1)
+    prompt_len = check_count("prompt_len", prompt_len, 1)
+    batch = check_count("batch", batch, 1)
     c = counts(x)
     keys = prompt_len * (prompt_len + 1) // 2       # 1 + 2 + ... + prompt_len
     return batch * (2 * c.body_params * prompt_len + 2 * c.head_params + 4 * c.n_layer * c.n_embd * keys)
 
 
+def mean_decode_pos(prompt_len: int, new_tokens: int) -> int:
+    """Cached positions the average decode step of a request reads: the steps read from prompt_len up to
+    prompt_len + new_tokens - 1 keys, so per-step bytes and FLOPs are taken at the middle."""
+    check_count("prompt_len", prompt_len, 1)
+    check_count("new_tokens", new_tokens, 1)
+    return prompt_len + new_tokens // 2
+
+
 def decode_flops(x, pos: int, batch: int = 1) -> int:
     """FLOPs of one decode step: one new token per sequence, attending to `pos` cached keys."""
-    check_count("batch", batch, 1)
+    batch = check_count("batch", batch, 1)
     return batch * flops_per_token(x, pos)
 
 
@@ -177,22 +187,21 @@ def prefill_bytes(x, prompt_len: int, batch: int = 1, dtype=None) -> int:
     `dtype` is the weights' and cache's (default fp16) for a config or preset; a model's weights count as
     stored, and its cache in `dtype` (default: the model's float dtype).
     """
-    check_count("prompt_len", prompt_len, 1)
+    prompt_len = check_count("prompt_len", prompt_len, 1)
     weights = step_weight_bytes(x, prompt_len, batch, None if _is_model(x) else dtype)
     return weights + kv_cache_bytes(x, prompt_len, batch, _kv_dtype(x, dtype))
 
 
 def decode_bytes(x, pos: int, batch: int = 1, dtype=None) -> int:
     """Bytes one decode step reads: every weight once (shared by the batch) + `pos` KV-cache entries per sequence."""
-    check_count("pos", pos, 0)
+    pos = check_count("pos", pos, 0)
     weights = step_weight_bytes(x, 1, batch, None if _is_model(x) else dtype)
     return weights + kv_cache_bytes(x, pos, batch, _kv_dtype(x, dtype))
 
 
 def linear_flops(n_out: int, n_in: int, batch: int = 1) -> int:
     """FLOPs of y = x @ W.T for `batch` rows of x and W [n_out, n_in]: 2 x n_out x n_in per row."""
-    for name, v in (("n_out", n_out), ("n_in", n_in), ("batch", batch)):
-        check_count(name, v, 1)
+    n_out, n_in, batch = (check_count(name, v, 1) for name, v in (("n_out", n_out), ("n_in", n_in), ("batch", batch)))
     return 2 * n_out * n_in * batch
 
 
@@ -202,25 +211,32 @@ def linear_bytes(n_out: int, n_in: int, batch: int = 1, dtype=torch.float32) -> 
     At batch 1 (a GEMV) the weight is nearly all of it; as the batch grows the activations join in,
     which is why a GEMM's intensity stays below "batch FLOPs per weight byte".
     """
-    for name, v in (("n_out", n_out), ("n_in", n_in), ("batch", batch)):
-        check_count(name, v, 1)
-    return (n_out * n_in + batch * (n_in + n_out)) * dtype_bytes(dtype)
+    n_out, n_in, batch = (check_count(name, v, 1) for name, v in (("n_out", n_out), ("n_in", n_in), ("batch", batch)))
+    return (n_out * n_in + batch * (n_in + n_out)) * dtype_bytes(check_dtype("dtype", dtype))
 
 
 # ---- intensity, floors and utilization -------------------------------------------------------------------------
 
 def _check_positive(**values):
     for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
-            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        check_positive(name, value)
+
+
+def _utilization(what: str, value: float, inputs: str) -> float:
+    """A utilization above 1 ran faster than the measured peak. Slightly above can be real (a decode step
+    mostly reads, the peak's copy reads and writes; a small model can sit in a CPU cache); far above, an
+    input is in the wrong unit. Either way the caller should know, so it warns instead of passing silently."""
+    if value > 1 + 1e-9:
+        warnings.warn(f"{what} = {value:.3g} is above 1: faster than the measured peak. Check the units of "
+                      f"{inputs} (seconds, bytes/s and FLOP/s, not ms or GB/s); a small model held in a CPU "
+                      "cache can also beat the DRAM peak", RuntimeWarning, stacklevel=3)
+    return value
 
 
 def arithmetic_intensity(flops: float, nbytes: float) -> float:
     """FLOPs per byte moved. Below the machine's ridge point (peak FLOP/s / bandwidth) bytes set the pace."""
     _check_positive(nbytes=nbytes)
-    if not flops >= 0:
-        raise ValueError(f"flops must be >= 0, got {flops!r}")
-    return flops / nbytes
+    return check_number("flops", flops, minimum=0) / nbytes
 
 
 def attainable_flops(intensity: float, peak_flops: float, bandwidth_Bps: float) -> float:
@@ -231,6 +247,7 @@ def attainable_flops(intensity: float, peak_flops: float, bandwidth_Bps: float) 
 
 def decode_step_s(x, pos: int, batch: int = 1, dtype=None, *, bandwidth_Bps: float, peak_flops: float) -> float:
     """The roofline's prediction for one decode step: the slower of moving its bytes and doing its FLOPs."""
+    _check_positive(peak_flops=peak_flops)
     return max(decode_floor_s(x, pos, batch, dtype, bandwidth_Bps=bandwidth_Bps),
                decode_flops(x, pos, batch) / peak_flops)
 
@@ -260,24 +277,29 @@ def prefill_floor_s(x, prompt_len: int, batch: int = 1, *, peak_flops: float) ->
     return prefill_flops(x, prompt_len, batch) / peak_flops
 
 
-def mbu(x, pos: int, batch: int, dtype, tpot_s: float, bandwidth_Bps: float) -> float:
-    """Model bandwidth utilization: (weight + KV-cache bytes read per decode step) / TPOT / peak bandwidth."""
+def mbu(x, pos: int, batch: int, dtype, tpot_s: float, bandwidth_Bps: float, *, warn: bool = True) -> float:
+    """Model bandwidth utilization: (weight + KV-cache bytes read per decode step) / TPOT / peak bandwidth.
+
+    Above 1 it warns (see _utilization); `warn=False` is for callers whose inputs are all measured in the
+    right units (measure, stages), where a small model in a CPU cache can really beat the DRAM peak.
+    """
     _check_positive(tpot_s=tpot_s, bandwidth_Bps=bandwidth_Bps)
-    return decode_bytes(x, pos, batch, dtype) / tpot_s / bandwidth_Bps
+    value = decode_bytes(x, pos, batch, dtype) / tpot_s / bandwidth_Bps
+    return _utilization("MBU", value, "tpot_s and bandwidth_Bps") if check_flag("warn", warn) else value
 
 
-def mfu(flops: float, seconds: float, peak_flops: float) -> float:
+def mfu(flops: float, seconds: float, peak_flops: float, *, warn: bool = True) -> float:
     """Model FLOPs utilization: useful FLOPs / seconds / peak FLOP/s.
 
     `flops` comes from prefill_flops or decode_flops (attention included), the same count the floors use.
+    Above 1 it warns unless warn=False, as mbu does.
     """
     _check_positive(seconds=seconds, peak_flops=peak_flops)
-    if not flops >= 0:
-        raise ValueError(f"flops must be >= 0, got {flops!r}")
-    return flops / seconds / peak_flops
+    value = check_number("flops", flops, minimum=0) / seconds / peak_flops
+    return _utilization("MFU", value, "flops, seconds and peak_flops") if check_flag("warn", warn) else value
 
 
 __all__ = ["Counts", "arithmetic_intensity", "attainable_flops", "counts", "decode_bytes", "decode_flops",
            "decode_floor_s", "decode_step_s", "flops_per_token", "knee_batch", "kv_bytes_per_token", "kv_cache_bytes", "linear_bytes",
-           "linear_flops", "mbu", "mfu", "prefill_bytes", "prefill_flops", "prefill_floor_s", "step_weight_bytes",
+           "linear_flops", "mbu", "mean_decode_pos", "mfu", "prefill_bytes", "prefill_flops", "prefill_floor_s", "step_weight_bytes",
            "tokens_where_cache_exceeds_weights", "weight_bytes"]

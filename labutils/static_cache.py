@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from .kvcache import KVBuffers
+from .kvcache import KVBuffers, cache_args
 from .roofline import kv_cache_bytes
-from .validate import check_count
 
 
 class StaticKVCache(KVBuffers):
@@ -23,12 +22,7 @@ class StaticKVCache(KVBuffers):
 
     def __init__(self, config, batch_size: int = 1, max_len: int | None = None, device=None,
                  dtype=torch.float32):
-        max_len = config.context_length if max_len is None else max_len
-        check_count("max_len", max_len, 1)
-        check_count("batch_size", batch_size, 1)
-        if max_len > config.context_length:
-            raise ValueError(f"max_len={max_len} exceeds the context length {config.context_length}; "
-                             "the position embedding has no row for the later positions")
+        batch_size, max_len, device, dtype = cache_args(config, batch_size, max_len, device, dtype)
         shape = (config.n_layer, batch_size, config.n_kv_head, max_len, config.head_dim)
         try:
             self.k = torch.zeros(shape, device=device, dtype=dtype)

@@ -8,6 +8,11 @@ from typing import Callable, Sequence
 
 import torch
 
+from .validate import check_count, check_device, check_timestamps, describe
+
+
+MAX_REPEATS = 100_000
+
 
 def synchronize(device: torch.device | str | None = None) -> None:
     """Wait until queued device work is done, so a host clock reading means something."""
@@ -40,9 +45,12 @@ def time_fn(fn: Callable[[], object], *, device: torch.device | str = "cpu",
     On CUDA we bracket each call with CUDA events, which time the GPU's own work
     rather than the host's launch of it. Elsewhere we synchronize and read the host clock.
     """
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
-    device = torch.device(device)
+    # The bounds keep a typo (10**9 repeats) from stalling a notebook; a median needs a few dozen.
+    repeats = check_count("repeats", repeats, 1, MAX_REPEATS, hint="a median needs a few dozen repeats")
+    warmup = check_count("warmup", warmup, 0, MAX_REPEATS, hint="a few warm-up calls are enough")
+    if not callable(fn):
+        raise TypeError(f"fn must be a function of no arguments, got {describe(fn)}; wrap a call as lambda: f(x)")
+    device = check_device("device", device)
     for _ in range(warmup):
         fn()
     synchronize(device)
@@ -63,17 +71,9 @@ def time_fn(fn: Callable[[], object], *, device: torch.device | str = "cpu",
     return Timing(tuple(samples))
 
 
-def _check_timestamps(timestamps: Sequence[float]) -> None:
-    if len(timestamps) == 0:
-        raise ValueError("no token timestamps: a request must produce at least one token")
-    if any(b < a for a, b in zip(timestamps, timestamps[1:])):
-        raise ValueError("token timestamps must not decrease; record them with one monotonic clock")
-
-
 def ttft_s(timestamps: Sequence[float]) -> float:
     """Time to first token: request start (time 0, queueing included) to the first token on the host."""
-    _check_timestamps(timestamps)
-    return timestamps[0]
+    return check_timestamps("timestamps", timestamps)[0]
 
 
 def tpot_s(timestamps: Sequence[float]) -> float:
@@ -81,13 +81,13 @@ def tpot_s(timestamps: Sequence[float]) -> float:
 
     A single-token answer has no decode phase, so its TPOT is undefined; we return nan.
     """
-    _check_timestamps(timestamps)
-    if len(timestamps) < 2:
+    stamps = check_timestamps("timestamps", timestamps)
+    if len(stamps) < 2:
         return float("nan")
-    return (timestamps[-1] - timestamps[0]) / (len(timestamps) - 1)
+    return (stamps[-1] - stamps[0]) / (len(stamps) - 1)
 
 
 def itl_s(timestamps: Sequence[float]) -> list[float]:
     """Inter-token latencies: each gap between consecutive tokens."""
-    _check_timestamps(timestamps)
-    return [b - a for a, b in zip(timestamps, timestamps[1:])]
+    stamps = check_timestamps("timestamps", timestamps)
+    return [b - a for a, b in zip(stamps, stamps[1:])]

@@ -13,6 +13,8 @@ from typing import Iterable, Sequence
 import regex
 import tiktoken
 
+from .validate import check_count, describe
+
 # The split pattern of cl100k_base (GPT-4): words with their leading space, numbers of 1-3 digits,
 # punctuation runs, and whitespace. BPE never merges across these chunk boundaries.
 GPT4_SPLIT_PATTERN = (
@@ -65,11 +67,10 @@ def bpe_merges(text: str, n_merges: int, pat_str: str = GPT4_SPLIT_PATTERN,
     touches the chunks that contain the merged pair.
     """
     if not isinstance(text, str):
-        raise TypeError(f"train on a str, got {type(text).__name__}")
+        raise TypeError(f"text must be a str to train on, got {type(text).__name__}")
     if not text:
         raise ValueError("cannot train a tokenizer on empty text; pass some training text")
-    if n_merges < 0:
-        raise ValueError(f"n_merges must be >= 0, got {n_merges}")
+    n_merges = check_count("n_merges", n_merges, 0)
 
     counts = chunk_counts(text, pat_str)
     words = [list(chunk) for chunk in counts]     # each distinct chunk as a list of token ids
@@ -149,10 +150,11 @@ def train_bpe(text: str, vocab_size: int, pat_str: str = GPT4_SPLIT_PATTERN,
 
     vocab_size is the encoding's n_vocab, special tokens included: 256 byte tokens, then
     vocab_size - 256 - len(special_tokens) merges, then the special tokens take the last ids.
+    special_tokens is a list (or tuple) of distinct, non-empty strings.
     """
-    if not isinstance(vocab_size, int) or vocab_size < 256 + len(special_tokens):
-        raise ValueError(f"vocab_size must be an int >= {256 + len(special_tokens)} (256 byte tokens "
-                         f"+ {len(special_tokens)} special), got {vocab_size!r}")
+    special_tokens = check_special_tokens(special_tokens)
+    vocab_size = check_count("vocab_size", vocab_size, 256 + len(special_tokens),
+                             hint=f"the vocab holds 256 byte tokens + {len(special_tokens)} special, then the merges")
     n_merges = vocab_size - 256 - len(special_tokens)
     merges = bpe_merges(text, n_merges, pat_str, show_progress=show_progress, verbose=verbose)
     ranks = ranks_from_merges(merges)
@@ -160,6 +162,31 @@ def train_bpe(text: str, vocab_size: int, pat_str: str = GPT4_SPLIT_PATTERN,
     enc = tiktoken.Encoding(name=name, pat_str=pat_str, mergeable_ranks=ranks,
                             special_tokens=specials, explicit_n_vocab=vocab_size)
     return (enc, merges) if return_merges else enc
+
+
+def check_special_tokens(special_tokens) -> tuple[str, ...]:
+    """A list or tuple of distinct, non-empty strings, returned as a tuple.
+
+    An empty special token would match between every two characters (encoding never ends), a
+    duplicate would give one text two ids, and a bare string would be split into its characters.
+    """
+    if isinstance(special_tokens, (str, bytes)) or not isinstance(special_tokens, (list, tuple, set, frozenset)):
+        raise TypeError(f"special_tokens must be a list of strings, got {describe(special_tokens)}; "
+                        f"for one token write [{special_tokens!r}]" if isinstance(special_tokens, str) else
+                        f"special_tokens must be a list of strings, got {describe(special_tokens)}")
+    tokens = tuple(sorted(special_tokens) if isinstance(special_tokens, (set, frozenset)) else special_tokens)
+    for tok in tokens:
+        if not isinstance(tok, str):
+            raise TypeError(f"special_tokens must hold strings, got {describe(tok)}; write each token as text, "
+                            "e.g. '<|endoftext|>'")
+        if not tok:
+            raise ValueError("special_tokens holds an empty string, which would match between every two "
+                             "characters; remove it, or name the token, e.g. '<|pad|>'")
+    dupes = sorted({t for t in tokens if tokens.count(t) > 1})
+    if dupes:
+        raise ValueError(f"special_tokens lists {dupes[0]!r} more than once; each special token needs one id, "
+                         "so list it once")
+    return tokens
 
 
 # ---------------------------------------------------------------- files
@@ -210,20 +237,61 @@ def get_encoding(name: str = "cl100k_base") -> tiktoken.Encoding:
     raise ValueError(f"unknown encoding {name!r}; choose one of {', '.join(map(repr, ENCODING_NAMES))}")
 
 
+_SURROGATE = regex.compile(r"[\ud800-\udfff]")
+
+
 def encode(enc: tiktoken.Encoding | str, text: str, allowed_special: str | set = frozenset()) -> list[int]:
-    """enc.encode(text) with a clear TypeError for the usual mistakes; enc may be an encoding or its name.
+    """enc.encode(text) with a clear error for the usual mistakes; enc may be an encoding or its name.
 
     Unlike enc.encode, special-token text such as "<|endoftext|>" is encoded as plain text instead
-    of raising, so any string round-trips; pass allowed_special="all" to get the special ids instead.
+    of raising; pass allowed_special="all" (or a set of special tokens) to get the special ids instead.
+
+    Round trip: enc.decode(encode(enc, text)) == text for every valid Unicode string. A str holding a
+    surrogate code point (U+D800-U+DFFF, alone or as a pair of halves, e.g. from a split JSON escape)
+    is not valid Unicode and has no UTF-8 bytes: tiktoken would replace a lone one with U+FFFD and
+    join a pair into its emoji, so the text would not come back. encode refuses it with a ValueError
+    that says how to repair the text.
     """
     if isinstance(enc, str):
         enc = get_encoding(enc)
+    if not isinstance(enc, tiktoken.Encoding):
+        raise TypeError(f"enc must be a tiktoken.Encoding or an encoding name, got {describe(enc)}; "
+                        f"e.g. get_encoding('course'), or one of {list(ENCODING_NAMES)}")
     if isinstance(text, (bytes, bytearray)):
         raise TypeError("encode takes text, got bytes: decode them first, e.g. data.decode('utf-8')")
     if not isinstance(text, str):
         raise TypeError(f"encode takes a str, got {type(text).__name__}: pass str(x), "
                         "or encode each item of a list with enc.encode_batch(list_of_str)")
-    return enc.encode(text, allowed_special=allowed_special, disallowed_special=())
+    bad = _SURROGATE.search(text)
+    if bad:
+        raise ValueError(f"text holds the surrogate {bad.group()!r} at index {bad.start()}, which is not valid "
+                         "Unicode and cannot be UTF-8 encoded, so it would not round-trip. Repair the text first: "
+                         "text.encode('utf-16', 'surrogatepass').decode('utf-16', 'replace') joins pairs and "
+                         "replaces lone halves with U+FFFD")
+    return enc.encode(text, allowed_special=_allowed_special(enc, allowed_special), disallowed_special=())
+
+
+def _allowed_special(enc: tiktoken.Encoding, allowed_special) -> str | set[str]:
+    """"all", or a set of this encoding's special tokens; anything else is refused before tiktoken sees it."""
+    if isinstance(allowed_special, str) and allowed_special == "all":
+        tokens = enc.special_tokens_set
+    elif isinstance(allowed_special, (set, frozenset, list, tuple)):
+        odd = [t for t in allowed_special if not isinstance(t, str)]
+        if odd:
+            raise TypeError(f"allowed_special must hold special-token strings, got {describe(odd[0])}")
+        tokens = set(allowed_special)
+        unknown = sorted(map(repr, tokens - enc.special_tokens_set))
+        if unknown:
+            raise ValueError(f"allowed_special names {', '.join(unknown)}, not a special token of {enc.name}; "
+                             f"its special tokens are {sorted(enc.special_tokens_set)}")
+    else:
+        hint = f"; for one token write {{{allowed_special!r}}}" if isinstance(allowed_special, str) else ""
+        raise TypeError(f"allowed_special must be 'all' or a set of special tokens, got "
+                        f"{describe(allowed_special)}{hint}")
+    if "" in tokens:      # an encoding built elsewhere: "" would match everywhere and never finish
+        raise ValueError(f"{enc.name} has an empty special token, which would match between every two "
+                         "characters; rebuild the encoding without it (train_bpe refuses one)")
+    return tokens
 
 
 # ---------------------------------------------------------------- rebuild

@@ -1,4 +1,4 @@
-"""Train the course's tiny GPT on stdlib docstrings: `python -m labutils.train` rebuilds data/tiny/."""
+"""Train the course's GPTs on stdlib docstrings: `python -m labutils.train [--model draft]` rebuilds data/tiny/ or data/draft/."""
 from __future__ import annotations
 
 import argparse
@@ -14,10 +14,28 @@ import torch.nn.functional as F
 
 from .corpus import load_docstrings
 from .model import DATA_DIR, GPT, GPTConfig, load_checkpoint, save_checkpoint
+from .validate import check_count, check_number
 
 TINY_DIR = DATA_DIR / "tiny"
+DRAFT_DIR = DATA_DIR / "draft"
 # Everything the rebuild depends on, in one place; changing any of these changes model.pt.
-DEFAULTS = dict(steps=1600, batch_size=8, lr=2e-3, warmup=50, seed=0, threads=2)
+DEFAULTS = dict(steps=1600, batch_size=8, lr=2e-3, warmup=50, seed=0, threads=2, teacher="none")
+# The draft learns the tiny target's distributions (distillation) on the same corpus windows.
+DRAFT_DEFAULTS = dict(steps=1200, batch_size=8, lr=3e-3, warmup=50, seed=0, threads=2, teacher="tiny")
+
+
+def draft_config() -> GPTConfig:
+    """The speculative-decoding draft (lesson 10): the tiny target's vocabulary and context, one narrow layer,
+    so one of its forward passes costs a fraction of the target's."""
+    tiny = GPTConfig.preset("tiny")
+    return GPTConfig(vocab_size=tiny.vocab_size, context_length=tiny.context_length, n_layer=1, n_head=4, n_embd=128)
+
+
+# --model name -> (config, output folder, defaults).
+MODELS: dict[str, tuple[Callable[[], GPTConfig], Path, dict]] = {
+    "tiny": (lambda: GPTConfig.preset("tiny"), TINY_DIR, DEFAULTS),
+    "draft": (draft_config, DRAFT_DIR, DRAFT_DEFAULTS),
+}
 
 
 # ---------------------------------------------------------------- data
@@ -37,8 +55,7 @@ def course_tokens(frac: float = 0.9, enc=None) -> tuple[torch.Tensor, torch.Tens
     The split is by whole docstrings at about frac of the characters, like corpus.split_corpus,
     so no held-out docstring is seen in training.
     """
-    if not 0.0 < frac < 1.0:
-        raise ValueError(f"frac must be between 0 and 1 (exclusive), got {frac}")
+    check_number("frac", frac, above=0, below=1, hint="e.g. 0.9 keeps 90% for training")
     if enc is None:
         from .tokenizer import get_encoding
         enc = get_encoding("course")
@@ -108,18 +125,20 @@ def train(config: GPTConfig, steps: int, batch_size: int, tokens: torch.Tensor |
           seq_len: int | None = None, lr: float = 2e-3, warmup: int | None = None,
           weight_decay: float = 0.1, seed: int = 0, device: str | torch.device = "cpu",
           progress: Callable[[int, float], None] | None = None,
-          show_progress: bool = True) -> tuple[GPT, list[float]]:
+          show_progress: bool = True, teacher: GPT | None = None) -> tuple[GPT, list[float]]:
     """Train a fresh GPT(config) for `steps` AdamW steps on random windows of `tokens`.
 
     Deterministic: the weights come from `seed`, the batches from a torch.Generator seeded with
     `seed`, and nothing else is random (no dropout), so the same call on the same machine and
     thread count gives bitwise-identical weights. The global RNG is left as it was.
+    With a `teacher` the targets are its next-token distributions instead of the corpus's next
+    tokens (distillation): the loss is the cross-entropy from the teacher's probabilities, which is
+    what a speculative draft should match, since its proposals are judged against the teacher's p.
     tokens defaults to the course's training split. progress(step, loss) is called after every
     step (e.g. to update a live plot). Returns the model (in eval mode) and the loss of each step.
     """
     for name, value in (("steps", steps), ("batch_size", batch_size)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        check_count(name, value, 1)
     if tokens is None:
         tokens, _ = course_tokens()
     seq_len = seq_len or config.context_length
@@ -132,6 +151,12 @@ def train(config: GPTConfig, steps: int, batch_size: int, tokens: torch.Tensor |
         raise ValueError(f"token id {int(tokens.max())} is outside vocab_size={config.vocab_size}; "
                          "train with the encoding that matches the config")
     warmup = max(1, steps // 20) if warmup is None else warmup
+    if teacher is not None:
+        tc = teacher.config
+        if tc.vocab_size != config.vocab_size or tc.context_length < seq_len:
+            raise ValueError(f"the teacher (vocab {tc.vocab_size}, context {tc.context_length}) must share the "
+                             f"student's vocab ({config.vocab_size}) and cover its windows of {seq_len} tokens")
+        teacher.eval()
 
     with torch.random.fork_rng(devices=[]):   # seed the init without touching the caller's RNG
         torch.manual_seed(seed)
@@ -156,7 +181,12 @@ def train(config: GPTConfig, steps: int, batch_size: int, tokens: torch.Tensor |
         x, y = get_batch(tokens, batch_size, seq_len, generator)
         x, y = x.to(device), y.to(device)
         logits = model(x, check=False)
-        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        if teacher is None:
+            loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        else:
+            with torch.no_grad():
+                p = torch.softmax(teacher(x, check=False).float(), dim=-1)
+            loss = -(p * F.log_softmax(logits, dim=-1)).sum(-1).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -176,7 +206,7 @@ def round_to_bf16(model: GPT) -> GPT:
     return model
 
 
-def save_tiny(model: GPT, out_dir: Path, metrics: dict) -> Path:
+def save_bf16(model: GPT, out_dir: Path, metrics: dict) -> Path:
     """config.json, model.pt (bf16 state_dict: half the bytes; load_checkpoint upcasts to fp32), metrics.json."""
     save_checkpoint(model, out_dir)
     state, cast = {}, {}
@@ -199,25 +229,35 @@ def sha256(path: Path) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--steps", type=int, default=DEFAULTS["steps"])
-    p.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"])
-    p.add_argument("--lr", type=float, default=DEFAULTS["lr"])
-    p.add_argument("--warmup", type=int, default=DEFAULTS["warmup"])
-    p.add_argument("--seed", type=int, default=DEFAULTS["seed"])
-    p.add_argument("--threads", type=int, default=DEFAULTS["threads"],
+    p.add_argument("--model", choices=list(MODELS), default="tiny",
+                   help="tiny: the course's target model (data/tiny); draft: its speculative draft (data/draft)")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None,
                    help="CPU threads; bitwise reproducibility needs the same count")
-    p.add_argument("--out", type=Path, default=TINY_DIR)
+    p.add_argument("--teacher", choices=["none", *MODELS], default=None,
+                   help="distil from this committed checkpoint (data/NAME) instead of the corpus's next tokens")
+    p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
+    make_config, out_dir, defaults = MODELS[args.model]
+    # Anything not given on the command line comes from the model's DEFAULTS, so metrics.json records it.
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    args.out = out_dir if args.out is None else args.out
 
     from .generate import generate
     from .tokenizer import get_encoding
 
     torch.set_num_threads(args.threads)
     enc = get_encoding("course")
-    config = GPTConfig.preset("tiny")
+    config = make_config()
     if config.vocab_size != enc.n_vocab:
-        raise ValueError(f"preset 'tiny' has vocab_size={config.vocab_size} but the course encoding "
-                         f"has {enc.n_vocab}; keep labutils/presets.py in sync")
+        raise ValueError(f"model {args.model!r} has vocab_size={config.vocab_size} but the course encoding "
+                         f"has {enc.n_vocab}; keep labutils/presets.py and train.MODELS in sync")
     train_ids, heldout_ids = course_tokens(enc=enc)
     print(f"corpus: {len(train_ids):,} train tokens, {len(heldout_ids):,} held-out tokens")
     print(f"model: {config.num_params():,} parameters; {args.steps} steps x {args.batch_size} x "
@@ -229,8 +269,9 @@ def main(argv: list[str] | None = None) -> dict:
         if (step + 1) % 50 == 0 or step == 0:
             print(f"step {step + 1:5d}/{args.steps}  loss {loss:.3f}  {time.perf_counter() - t0:6.0f} s", flush=True)
 
+    teacher = None if args.teacher == "none" else load_checkpoint(DATA_DIR / args.teacher)
     model, losses = train(config, args.steps, args.batch_size, train_ids, lr=args.lr, warmup=args.warmup,
-                          seed=args.seed, progress=report, show_progress=False)
+                          seed=args.seed, progress=report, show_progress=False, teacher=teacher)
     train_time_s = time.perf_counter() - t0
     round_to_bf16(model)
     held = heldout_loss(model, heldout_ids)
@@ -239,15 +280,15 @@ def main(argv: list[str] | None = None) -> dict:
     ids = enc.encode_ordinary(prompt)
     greedy = enc.decode(generate(model, ids, 40).tokens[0].tolist())
     sampled = enc.decode(generate(model, ids, 60, temperature=0.8, top_k=40, seed=0).tokens[0].tolist())
-    metrics = dict(steps=args.steps, batch_size=args.batch_size, seq_len=config.context_length, lr=args.lr,
-                   warmup=args.warmup, seed=args.seed, threads=args.threads, n_params=config.num_params(),
+    metrics = dict(model=args.model, teacher=args.teacher, steps=args.steps, batch_size=args.batch_size, seq_len=config.context_length,
+                   lr=args.lr, warmup=args.warmup, seed=args.seed, threads=args.threads, n_params=config.num_params(),
                    train_tokens=len(train_ids), heldout_tokens=len(heldout_ids),
                    final_train_loss=round(sum(losses[-50:]) / len(losses[-50:]), 4),
                    heldout_loss=round(held, 4), unigram_loss=round(uni, 4),
                    train_time_s=round(train_time_s, 1), torch_version=torch.__version__,
                    sample_prompt=prompt, sample_greedy=prompt + greedy,
                    sample_t08_top40_seed0=prompt + sampled)
-    save_tiny(model, args.out, metrics)
+    save_bf16(model, args.out, metrics)
     metrics = json.loads((args.out / "metrics.json").read_text())
     # A round trip through the files must give the model that was measured.
     reloaded = heldout_loss(load_checkpoint(args.out), heldout_ids)

@@ -17,3 +17,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """After a run that included the fuzz suite, say how many examples each target got (issue 10 asks for it)."""
+    import sys
+    fuzz = sys.modules.get("test_fuzz")
+    if fuzz is None or not fuzz.EXAMPLES:
+        return
+    terminalreporter.section("fuzz examples (run / of those, refused with a clear error)")
+    for name, n in sorted(fuzz.EXAMPLES.items()):
+        terminalreporter.write_line(f"{n:5d} {fuzz.REFUSED[name]:5d}  {name}")
+    terminalreporter.write_line(f"{sum(fuzz.EXAMPLES.values()):5d} {sum(fuzz.REFUSED.values()):5d}  in all")

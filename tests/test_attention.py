@@ -116,7 +116,7 @@ def test_score_matrix_bytes_formula():
     assert ac.score_matrix_bytes(4096, 12, dtype=torch.float16) == 12 * 4096 * 4096 * 2 == 402_653_184
     assert ac.score_matrix_bytes(10, 2, batch_size=3) == 3 * 2 * 10 * 10 * 4
     assert ac.score_matrix_bytes(1000, 8, n_queries=1) == 8 * 1000 * 4   # a decode step: one row
-    with pytest.raises(ValueError, match="seq_len must be a positive int"):
+    with pytest.raises(ValueError, match="seq_len must be >= 1, got 0"):
         ac.score_matrix_bytes(0, 4)
     with pytest.raises(ValueError, match="fp12"):
         ac.score_matrix_bytes(8, 4, dtype="fp12")

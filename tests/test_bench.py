@@ -119,3 +119,24 @@ def test_the_vllm_row_workload_is_seeded_and_fits_the_context():
     assert all(16 <= len(r.prompt_ids) <= 64 and 16 <= r.max_new_tokens <= 64 and r.arrival_s == 0 for r in a)
     assert len({len(r.prompt_ids) for r in a}) > 8 and len({r.max_new_tokens for r in a}) > 8
     assert all(0 <= t < cfg.vocab_size for r in a for t in r.prompt_ids)
+
+
+def test_speculative_rows_report_alpha_and_best_k_and_assert_identical_tokens(monkeypatch):
+    s = bench.BenchSettings(quick=True, rounds=1)
+    for fn in (bench.speculative_draft_vs_greedy, bench.speculative_lookup_vs_greedy):
+        row = fn(s)
+        assert row.target == ">= 1.3" and row.status in ("PASS", "FAIL") and row.ratio > 0
+        assert "alpha" in row.detail and "best k=" in row.detail and "identical tokens" in row.setup
+    # A speculative loop that emits other tokens than greedy decoding must make the row an error.
+    import labutils.speculative as spec
+    real = spec.speculative_generate
+
+    def off_by_one(*args, **kwargs):
+        r = real(*args, **kwargs)
+        r.tokens = r.tokens.clone()           # made under inference_mode: copy before editing
+        r.tokens[0, -1] = (r.tokens[0, -1] + 1) % 4096
+        return r
+
+    monkeypatch.setattr(spec, "speculative_generate", off_by_one)
+    with pytest.raises(AssertionError, match="differ from greedy"):
+        bench.speculative_draft_vs_greedy(s)

@@ -62,7 +62,7 @@ def test_models_are_built_once_per_preset_dtype_device():
     (dict(prompt_len=250, new_tokens=8), "exceed tiny's context length 256"),
     (dict(prompt_len=0, new_tokens=8), "prompt_len must be"),
     (dict(prompt_len=8, new_tokens=1), "TPOT needs at least two output tokens"),
-    (dict(prompt_len=8, new_tokens=4, dtype="fp8"), "unknown dtype"),
+    (dict(prompt_len=8, new_tokens=4, dtype="fp8"), "dtype 'fp8' is not offered here .a storage format"),
     (dict(prompt_len=8, new_tokens=4, batch=0), "batch must be"),
 ])
 def test_bad_requests_are_refused_before_anything_runs(settings, message):

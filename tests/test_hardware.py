@@ -46,9 +46,10 @@ def test_bandwidth_small_is_positive_finite():
     assert math.isfinite(bw) and bw > 0
 
 
-@pytest.mark.parametrize("bad", [0, 100, -5, 2.5e6, True])
-def test_bandwidth_rejects_bad_size(bad):
-    with pytest.raises(ValueError, match="nbytes"):
+@pytest.mark.parametrize("bad, error", [(0, ValueError), (100, ValueError), (-5, ValueError),
+                                        (2.5e6, TypeError), (True, TypeError)])
+def test_bandwidth_rejects_bad_size(bad, error):
+    with pytest.raises(error, match="nbytes must be"):
         measure_bandwidth("cpu", nbytes=bad)
 
 
@@ -147,9 +148,11 @@ def test_measured_peaks_cached_per_device_and_dtype(monkeypatch):
 def test_ridge_point_formula_and_errors():
     assert ridge_point(312e12, 2039e9) == pytest.approx(153.0, abs=0.1)
     assert ridge_point(100.0, 4.0) == 25.0
-    for bad in [(0, 1), (1, 0), (-1, 1), (float("nan"), 1), (1, float("inf")), ("1", 1)]:
-        with pytest.raises(ValueError, match="positive finite"):
+    for bad in [(0, 1), (1, 0), (-1, 1), (float("nan"), 1), (1, float("inf"))]:
+        with pytest.raises(ValueError, match="must be a finite number > 0"):
             ridge_point(*bad)
+    with pytest.raises(TypeError, match="flops must be a number, got str '1'"):
+        ridge_point("1", 1)
 
 
 def test_spec_table_sanity():

@@ -1,4 +1,4 @@
-"""load_hf_gpt2 against Hugging Face's own GPT2LMHeadModel, and the hand-written safetensors reader."""
+"""load_hf_gpt2 against Hugging Face's own GPT2LMHeadModel, and reading .safetensors files (safe_load)."""
 import json
 import struct
 
@@ -6,14 +6,20 @@ import pytest
 import torch
 
 from labutils.model import load_hf_gpt2
-from labutils.safetensors_reader import DTYPES, read_safetensors
+from labutils.safe_load import read_safetensors
 
 VOCAB, CTX = 97, 40
 
 
+# safetensors dtype names; tests write the format by hand so that they can also write damaged files.
+DTYPE_NAMES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+               torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+               torch.bool: "BOOL"}
+
+
 def write_safetensors(tensors: dict, path) -> None:
-    """The format by hand (so the tests need no safetensors package): header length, JSON header, bytes."""
-    names = {v: k for k, v in DTYPES.items()}
+    """The format by hand: 8-byte header length, JSON header, then each tensor's bytes."""
+    names = DTYPE_NAMES
     header, blobs, offset = {}, [], 0
     for name, t in tensors.items():
         data = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""

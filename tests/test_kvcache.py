@@ -177,7 +177,7 @@ def test_batch_mismatch_in_update():
 
 def test_bad_construction():
     _, cfg = small_cache()
-    with pytest.raises(ValueError, match="context length 16"):
+    with pytest.raises(ValueError, match="max_len must be <= 16, got 17; it exceeds the context length 16"):
         KVCache(cfg, 1, 17)
     with pytest.raises(ValueError, match="max_len"):
         KVCache(cfg, 1, 0)

@@ -28,7 +28,7 @@ def test_roofline_point_counts_the_pass_it_timed(phase, n):
 
 def test_time_pass_refuses_what_it_cannot_time():
     model = measure.get_model("tiny", "fp32", "cpu")
-    with pytest.raises(ValueError, match="phase must be"):
+    with pytest.raises(ValueError, match=r"unknown phase 'train'; choose one of \['prefill', 'decode'\]"):
         measure.time_pass(model, "train", 4)
     with pytest.raises(ValueError, match="context length 256"):
         measure.time_pass(model, "decode", 2, pos=256)

@@ -94,8 +94,9 @@ def test_streams_token_ids_with_a_timestamp_as_each_arrives(server, received):
     assert res.tokens == fake_tokens([12], 5)
     assert len(res.timestamps) == 5 and res.prompt_len == 3
     # The server pauses GAP_S before each token: tokens recorded as they arrive, not at the end.
+    # (A busy machine can deliver two tokens in one read, so the gaps are checked in sum, not one by one.)
     assert res.ttft_s >= GAP_S * 0.9
-    assert all(gap >= GAP_S * 0.9 for gap in res.itl_s)
+    assert all(gap >= 0 for gap in res.itl_s) and sum(res.itl_s) >= 4 * GAP_S * 0.9
     assert res.tpot_s == pytest.approx((res.latency_s - res.ttft_s) / 4)
     assert sum(res.itl_s) == pytest.approx(res.latency_s - res.ttft_s)
     # What went over the wire: the model the server named, token ids, greedy, streaming.
@@ -183,9 +184,9 @@ def test_base_url_may_end_in_v1(server):
 @pytest.mark.parametrize("bad, err, match", [
     ({"prompt_ids": [], "max_new_tokens": 2}, ValueError, "request 0: prompt_ids is empty"),
     ({"prompt_ids": "hello", "max_new_tokens": 2}, TypeError, "list of token ids"),
-    ({"prompt_ids": [1, 2.5], "max_new_tokens": 2}, TypeError, "ints >= 0"),
-    ({"prompt_ids": [1, -3], "max_new_tokens": 2}, TypeError, "ints >= 0"),
-    ({"prompt_ids": [1], "max_new_tokens": 0}, ValueError, "max_new_tokens must be an int >= 1, got 0"),
+    ({"prompt_ids": [1, 2.5], "max_new_tokens": 2}, TypeError, r"request 0: prompt_ids\[1\] must be an int, got float 2.5"),
+    ({"prompt_ids": [1, -3], "max_new_tokens": 2}, ValueError, r"request 0: prompt_ids\[1\] must be >= 0, got -3"),
+    ({"prompt_ids": [1], "max_new_tokens": 0}, ValueError, "request 0: max_new_tokens must be >= 1, got 0"),
     ({"prompt_ids": [1], "max_new_tokens": 2, "arrival_s": -1}, ValueError, "arrival_s .* got -1"),
     ({"prompt_ids": [1], "max_new_tokens": 2, "arrival_s": float("inf")}, ValueError, "arrival_s"),
     ({"tokens": [1]}, TypeError, "needs prompt_ids and max_new_tokens"),
@@ -202,7 +203,7 @@ def test_bad_client_settings_are_refused(server):
         OpenAIClient(8000)
     with pytest.raises(ValueError, match="timeout_s"):
         OpenAIClient(server, timeout_s=0)
-    with pytest.raises(ValueError, match="max_concurrency must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="max_concurrency must be >= 1, got 0"):
         OpenAIClient(server).run([Request((1,), 1)], max_concurrency=0)
 
 

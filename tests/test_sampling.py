@@ -89,18 +89,19 @@ def test_sampling_at_temperature_differs_from_greedy():
     assert not torch.equal(greedy, generate(model, ids, 40, temperature=2.0, seed=5).tokens)
 
 
-@pytest.mark.parametrize("kwargs,name", [
-    (dict(temperature=-0.1), "temperature"),
-    (dict(temperature=float("nan")), "temperature"),
-    (dict(temperature="hot"), "temperature"),
-    (dict(temperature=1.0, top_k=0), "top_k"),
-    (dict(temperature=1.0, top_k=2.5), "top_k"),
-    (dict(temperature=1.0, top_p=0.0), "top_p"),
-    (dict(temperature=1.0, top_p=1.5), "top_p"),
-    (dict(temperature=1.0, top_p=-0.2), "top_p"),
+@pytest.mark.parametrize("kwargs,error,message", [
+    (dict(temperature=-0.1), ValueError, "temperature must be a finite number >= 0, got -0.1"),
+    (dict(temperature=float("nan")), ValueError, "temperature must be a finite number >= 0, got nan"),
+    (dict(temperature=float("inf")), ValueError, "temperature must be a finite number >= 0, got inf"),
+    (dict(temperature="hot"), TypeError, "temperature must be a number, got str 'hot'"),
+    (dict(temperature=1.0, top_k=0), ValueError, "top_k must be >= 1, got 0"),
+    (dict(temperature=1.0, top_k=2.5), TypeError, "top_k must be an int, got float 2.5"),
+    (dict(temperature=1.0, top_p=0.0), ValueError, r"top_p must be a finite number > 0 and <= 1, got 0.0"),
+    (dict(temperature=1.0, top_p=1.5), ValueError, r"top_p must be a finite number > 0 and <= 1, got 1.5"),
+    (dict(temperature=1.0, top_p=-0.2), ValueError, r"top_p must be a finite number > 0 and <= 1, got -0.2"),
 ])
-def test_invalid_settings_raise(kwargs, name):
-    with pytest.raises(ValueError, match=name):
+def test_invalid_settings_raise(kwargs, error, message):
+    with pytest.raises(error, match=message):
         sample(random_logits(), **kwargs)
-    with pytest.raises(ValueError, match=name):
+    with pytest.raises(error, match=message):
         sampling_probs(random_logits(), **kwargs)

@@ -69,9 +69,10 @@ def test_time_fn_real_clock_gives_nonnegative_samples():
     assert isinstance(t, Timing) and len(t.samples_s) == 3 and all(s >= 0 for s in t.samples_s)
 
 
-@pytest.mark.parametrize("kw", [{"repeats": 0}, {"warmup": -1}])
-def test_time_fn_rejects_bad_counts(kw):
-    with pytest.raises(ValueError, match="repeats >= 1"):
+@pytest.mark.parametrize("kw, message", [({"repeats": 0}, "repeats must be >= 1"),
+                                         ({"warmup": -1}, "warmup must be >= 0")])
+def test_time_fn_rejects_bad_counts(kw, message):
+    with pytest.raises(ValueError, match=message):
         time_fn(lambda: None, **kw)
 
 

@@ -124,3 +124,46 @@ def test_committed_checkpoint_files_are_small_and_match_metrics():
     assert metrics["heldout_loss"] < metrics["unigram_loss"]
     assert metrics["steps"] == tr.DEFAULTS["steps"] and metrics["seed"] == tr.DEFAULTS["seed"]
     assert metrics["model_sha256"] == tr.sha256(tiny / "model.pt")
+
+
+def test_distillation_moves_the_student_toward_the_teacher():
+    """With a teacher the targets are its distributions: the student's KL to the teacher must fall."""
+    tokens = pattern()
+    teacher, _ = tr.train(SMALL, 30, 8, tokens, seq_len=16, lr=1e-2, warmup=3, show_progress=False)
+    x = tokens[:16][None]
+
+    def kl_to_teacher(student):
+        with torch.no_grad():
+            p = torch.softmax(teacher(x), -1)
+            return float((p * (p.log() - torch.log_softmax(student(x), -1))).sum(-1).mean())
+
+    untrained, _ = tr.train(SMALL, 1, 8, tokens, seq_len=16, lr=1e-9, show_progress=False, seed=5)
+    student, losses = tr.train(SMALL, 30, 8, tokens, seq_len=16, lr=1e-2, warmup=3, show_progress=False,
+                               seed=5, teacher=teacher)
+    assert kl_to_teacher(student) < 0.3 * kl_to_teacher(untrained)
+    assert all(math.isfinite(x) for x in losses)
+    wrong = GPTConfig(vocab_size=32, context_length=32, n_layer=1, n_head=2, n_embd=32)
+    with pytest.raises(ValueError, match="must share the student's vocab"):
+        tr.train(SMALL, 2, 2, tokens, show_progress=False, teacher=GPT(wrong))
+
+
+def test_committed_draft_is_small_shares_the_tokenizer_and_matches_its_metrics(course_split):
+    draft, enc = load_pretrained("draft")
+    target, _ = load_pretrained("tiny")
+    assert draft.config == tr.draft_config() and draft.config.n_layer <= 2
+    assert draft.config.vocab_size == target.config.vocab_size == enc.n_vocab
+    assert draft.num_params() < target.num_params() / 4
+    d = DATA_DIR / "draft"
+    assert sum(p.stat().st_size for p in d.iterdir()) < 4 * MB
+    metrics = json.loads((d / "metrics.json").read_text())
+    for key, value in tr.DRAFT_DEFAULTS.items():
+        assert metrics[key] == value, key                     # the committed file is what the command rebuilds
+    assert metrics["model_sha256"] == tr.sha256(d / "model.pt")
+    train_ids, held_ids = course_split
+    held = tr.heldout_loss(draft, held_ids[:4097])
+    assert held < tr.unigram_loss(train_ids, held_ids[:4097], enc.n_vocab) - 0.5
+
+
+def test_load_pretrained_refuses_unknown_names():
+    with pytest.raises(ValueError, match=r"unknown course checkpoint 'huge'.*'tiny', 'draft'"):
+        load_pretrained("huge")

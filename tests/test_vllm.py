@@ -131,7 +131,7 @@ def test_a_server_that_never_answers_times_out_and_is_stopped(hf_folder, tmp_pat
 def test_server_settings_are_checked_before_anything_starts(tmp_path, hf_folder):
     with pytest.raises(FileNotFoundError, match="save_hf_gpt2"):
         VLLMServer(tmp_path / "nowhere", max_model_len=64, python="/bin/true")
-    with pytest.raises(ValueError, match="max_model_len must be an int >= 1"):
+    with pytest.raises(ValueError, match="max_model_len must be >= 1, got 0; at most the model.s context length"):
         VLLMServer(hf_folder, max_model_len=0, python="/bin/true")
     cmd = VLLMServer(hf_folder, max_model_len=64, python="/bin/true", port=1234).command()
     assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"] and "--skip-tokenizer-init" in cmd

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import math
-import numbers
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +17,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from .. import timing
+from ..validate import check_count, check_number, check_positive
 from .workload import Request   # one request type drives the course's engine and a server
 
 # vLLM's extensions to the OpenAI API: the ids of each streamed token (a server started with
@@ -82,14 +81,11 @@ def as_request(r, index: int) -> Request:
     ids = tuple(ids)
     if not ids:
         raise ValueError(f"{where}: prompt_ids is empty; a prompt needs at least one token")
-    if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) and t >= 0 for t in ids):
-        raise TypeError(f"{where}: prompt_ids must be ints >= 0, got {ids[:8]}...")
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-        raise ValueError(f"{where}: max_new_tokens must be an int >= 1, got {n!r}")
-    if isinstance(arrival, bool) or not isinstance(arrival, numbers.Real) or not 0 <= arrival < math.inf:
-        raise ValueError(f"{where}: arrival_s must be a number of seconds >= 0, got {arrival!r}")
+    ids = tuple(check_count(f"{where}: prompt_ids[{i}]", t, 0) for i, t in enumerate(ids))
+    n = check_count(f"{where}: max_new_tokens", n, 1)
+    arrival = check_number(f"{where}: arrival_s", arrival, minimum=0, hint="seconds after the run starts")
     rid = get("id")
-    return Request(tuple(int(t) for t in ids), int(n), float(arrival), index if rid is None else rid)
+    return Request(ids, n, arrival, index if rid is None else rid)
 
 
 def _chunk_tokens(chunk: dict) -> tuple[list[int | None], str, str | None]:
@@ -119,8 +115,7 @@ class OpenAIClient:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"base_url={base_url!r} is not an http(s) URL; write it like 'http://127.0.0.1:8000'")
-        if not isinstance(timeout_s, numbers.Real) or not timeout_s > 0:
-            raise ValueError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
+        check_positive("timeout_s", timeout_s)
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self._scheme, self._host, self._port = parts.scheme, parts.hostname, parts.port
         self._prefix = parts.path.rstrip("/").removesuffix("/v1")
@@ -180,8 +175,7 @@ class OpenAIClient:
         server fails (an HTTP error, an error event, a dropped stream) comes back with
         finish_reason "error" and the error text; the others go on.
         """
-        if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be an int >= 1, got {max_concurrency!r}")
+        max_concurrency = check_count("max_concurrency", max_concurrency, 1)
         # A workload object that holds its requests (labutils.serving's) drives the client as it drives the engine.
         reqs = [as_request(r, i) for i, r in enumerate(getattr(requests, "requests", requests))]
         self._model()                         # unreachable server: fail now, naming the URL

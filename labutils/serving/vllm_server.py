@@ -13,6 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..validate import check_count
 from .openai_client import OpenAIClient
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -55,8 +56,7 @@ class VLLMServer:
         if not (self.model_dir / "config.json").exists():
             raise FileNotFoundError(f"{self.model_dir} has no config.json; write the model with "
                                     "labutils.model.save_hf_gpt2(model, folder) first")
-        if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 1:
-            raise ValueError(f"max_model_len must be an int >= 1 (at most the model's context), got {max_model_len!r}")
+        max_model_len = check_count("max_model_len", max_model_len, 1, hint="at most the model's context length")
         python = python or vllm_python()
         if python is None:
             raise FileNotFoundError(f"no vLLM venv at {VLLM_VENV}: {ENABLE_HINT}")

@@ -1,5 +1,6 @@
 """Widgets: thin ipywidgets views over the plain functions in labutils."""
 from .batch_roofline import BatchRoofline, batch_roofline
+from .decode_stream import DecodeStream, decode_stream
 from .explorer import Explorer, explorer
 from .kv_calculator import KVCalculator, kv_calculator, kv_summary
 from .quiz import Quiz, quiz

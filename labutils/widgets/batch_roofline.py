@@ -11,8 +11,11 @@ from .. import roofline_figures as figs
 from ..dtypes import torch_dtype
 from ..hardware import measured_peaks, pick_device
 from ..model import GPTConfig
+from ..validate import check_row
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
+# What the plots and the status line read from a measure.roofline_point row.
+ROW_NUMBERS = ("n", "seconds", "intensity", "achieved_flops", "achieved_Bps", "tokens_per_s")
 
 
 class BatchRoofline(w.VBox):
@@ -48,21 +51,21 @@ class BatchRoofline(w.VBox):
         try:
             if ("decode", batch) not in self.points:
                 self.status.value = f"&#9203; timing a decode step at batch {html.escape(str(batch))} ..."
-                self.points[("decode", batch)] = self._measure(self.preset, "decode", batch, self.dtype,
-                                                               self.device, pos=self.pos)
+                row = self._measure(self.preset, "decode", batch, self.dtype, self.device, pos=self.pos)
+                self.points[("decode", batch)] = check_row("the measurement", row, ROW_NUMBERS, ("phase",))
             row = self.points[("decode", batch)]
             rows = list(self.points.values())
             figs.update_points(self.fig_roof, rows, row)
             figs.update_batch(self.fig_batch, rows)
+            side = "below" if row["intensity"] < self.peaks.ridge else "above"
+            self.status.value = (f"batch <b>{batch}</b>: step {row['seconds'] * 1e3:.1f} ms, "
+                                 f"<b>{row['tokens_per_s']:.0f} tokens/s</b>, {row['achieved_Bps'] / 1e9:.1f} GB/s, "
+                                 f"{row['achieved_flops'] / 1e9:.0f} GFLOP/s; intensity {row['intensity']:.1f} "
+                                 f"FLOP/byte, {side} the ridge ({self.peaks.ridge:.1f})")
         except Exception as err:                  # the view must survive anything a setting can cause
             self.status.value = (f"<span style='color:#b00020'><b>Could not measure batch {html.escape(str(batch))}:"
                                  f"</b> {html.escape(str(err))}</span> <i>(the plots keep the last good points)</i>")
             return None
-        side = "below" if row["intensity"] < self.peaks.ridge else "above"
-        self.status.value = (f"batch <b>{batch}</b>: step {row['seconds'] * 1e3:.1f} ms, "
-                             f"<b>{row['tokens_per_s']:.0f} tokens/s</b>, {row['achieved_Bps'] / 1e9:.1f} GB/s, "
-                             f"{row['achieved_flops'] / 1e9:.0f} GFLOP/s; intensity {row['intensity']:.1f} FLOP/byte, "
-                             f"{side} the ridge ({self.peaks.ridge:.1f})")
         return row
 
 

@@ -13,9 +13,14 @@ from .. import request_figures as rf
 from ..dtypes import torch_dtype
 from ..hardware import measured_peaks, pick_device
 from ..model import GPTConfig
+from ..validate import check_row
 
 MAX_PROMPT = 4096                 # longer prompts take minutes on a CPU; the slider stops here
 BATCHES = (1, 2, 4, 8, 16, 32)
+# What the plots and the status line read from a measurement row (measure.measure_request's keys).
+ROW_NUMBERS = ("ttft_s", "tpot_s", "latency_s", "decode_tok_s", "achieved_Bps", "achieved_flops", "mbu",
+               "mfu_prefill", "mfu_decode", "peak_bandwidth_Bps", "peak_flops", "prompt_len", "new_tokens", "batch")
+ROW_OTHERS = ("timestamps", "preset", "dtype", "device")
 
 
 class Explorer(w.VBox):
@@ -101,11 +106,15 @@ class Explorer(w.VBox):
     def _changed(self, change) -> None:
         if self._hold:
             return
-        with self._holding():
-            if change["owner"] is self.device:
-                self._device_changed()
-            elif change["owner"] is self.preset:
-                self.prompt_len.max = self._prompt_max(self.preset.value)
+        try:
+            with self._holding():
+                if change["owner"] is self.device:
+                    self._device_changed()
+                elif change["owner"] is self.preset:
+                    self.prompt_len.max = self._prompt_max(self.preset.value)
+        except Exception as err:              # an observer must never raise (e.g. a control set to None)
+            self._show_error(err)
+            return
         self.refresh()
 
     def _device_changed(self) -> None:
@@ -131,17 +140,21 @@ class Explorer(w.VBox):
                 row = self.results[key]
             else:
                 measure.check_request(**s)            # quick: context length, memory, dtype
-                row = self._run(s)
+                # Checked before it is kept or drawn: a row missing a key must not half-draw the plots.
+                row = check_row("the measurement", self._run(s), ROW_NUMBERS, ROW_OTHERS)
                 self.results[key] = row
                 self.rows.append(row)
+            self._draw(row, s)
         except Exception as err:                      # the view must survive anything a setting can cause
-            self.progress.value, self.progress.bar_style = 0, "danger"
-            self.status.value = (f"<span style='color:#b00020'><b>Could not measure this setting:</b> "
-                                 f"{html.escape(str(err))}</span> <i>(the plots still show the last good "
-                                 f"measurement)</i>")
+            self._show_error(err)
             return None
-        self._draw(row, s)
         return row
+
+    def _show_error(self, err: Exception) -> None:
+        self.progress.value, self.progress.bar_style = 0, "danger"
+        self.status.value = (f"<span style='color:#b00020'><b>Could not measure this setting:</b> "
+                             f"{html.escape(str(err))}</span> <i>(the plots still show the last good "
+                             f"measurement)</i>")
 
     def remeasure(self) -> dict | None:
         """Measure the current setting again (timings on a busy machine vary); the new row replaces the old."""

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import html
-import numbers
 
 import ipywidgets as w
 import plotly.graph_objects as go
 
 from ..roofline import kv_bytes_per_token, tokens_where_cache_exceeds_weights, weight_bytes
 from ..presets import PRESETS, get_shape
+from ..validate import check_count, check_dtype
 
 CACHE_DTYPES = ("fp16", "bf16", "fp8", "int8")
 GB = 1e9                  # decimal gigabytes, as GPU memory and the essay's "14 GB" are quoted
@@ -18,13 +18,12 @@ MAX_CONTEXT = max(s.context_length for s in PRESETS.values())
 def kv_summary(preset: str, context: int, batch: int = 1, dtype: str = "fp16", weight_dtype: str = "fp16") -> dict:
     """Everything the calculator shows, as plain numbers; raises ValueError for impossible settings."""
     shape = get_shape(preset)
-    if isinstance(context, bool) or not isinstance(context, numbers.Integral) or context < 1:
-        raise ValueError(f"context must be a whole number of tokens >= 1, got {context!r}")
+    context = check_count("context", context, 1)
     if context > shape.context_length:
         raise ValueError(f"{preset} reads at most {shape.context_length:,} tokens of context, not {context:,}; "
                          f"lower the context, or pick a model with a longer context")
-    if isinstance(batch, bool) or not isinstance(batch, numbers.Integral) or batch < 1:
-        raise ValueError(f"batch must be a whole number of sequences >= 1, got {batch!r}")
+    batch = check_count("batch", batch, 1)
+    dtype, weight_dtype = check_dtype("dtype", dtype), check_dtype("weight_dtype", weight_dtype)
     per_token = kv_bytes_per_token(shape, dtype)
     cache, weights = per_token * context * batch, weight_bytes(shape, weight_dtype)
     crossover = tokens_where_cache_exceeds_weights(shape, batch, dtype, weight_dtype)
@@ -62,6 +61,7 @@ def summary_text(s: dict) -> str:
 def cache_curve(preset: str, batch: int = 1, dtype: str = "fp16", points: int = 129) -> tuple[list[int], list[float]]:
     """Context lengths from 0 to the preset's context and the cache GB at each: a straight line."""
     shape = get_shape(preset)
+    batch, points = check_count("batch", batch, 1), check_count("points", points, 2)
     xs = sorted({round(i * shape.context_length / (points - 1)) for i in range(points)})
     per_step = kv_bytes_per_token(shape, dtype) * batch
     return xs, [x * per_step / GB for x in xs]
@@ -93,17 +93,24 @@ class KVCalculator(w.VBox):
         self.refresh()
 
     def refresh(self) -> dict | None:
-        """Redraw for the current controls; an impossible setting becomes a message, never an exception."""
+        """Redraw for the current controls; an impossible setting becomes a message, never an exception.
+
+        Everything is computed before the figure is touched, so a bad setting leaves the last good plot.
+        """
         preset, batch, dtype = self.preset.value, self.batch.value, self.dtype.value
-        xs, ys = cache_curve(preset, batch, dtype)
-        shape = get_shape(preset)
-        weights = weight_bytes(shape) / GB
-        crossover = tokens_where_cache_exceeds_weights(shape, batch, dtype)
+        try:
+            xs, ys = cache_curve(preset, batch, dtype)
+            shape = get_shape(preset)
+            weights = weight_bytes(shape) / GB
+            crossover = tokens_where_cache_exceeds_weights(shape, batch, dtype)
+        except Exception as err:              # an observer must never raise: say why, keep the plot
+            self.summary.value = _error_html(err)
+            return None
         try:
             s = kv_summary(preset, self.context.value, batch, dtype)
-        except ValueError as err:
+        except (TypeError, ValueError) as err:
             s = None
-            self.summary.value = f"<span style='color:#b00020'><b>Not possible:</b> {html.escape(str(err))}</span>"
+            self.summary.value = _error_html(err)
         with self.fig.batch_update():
             self.fig.data[0].update(x=xs, y=ys, name=f"KV cache, batch {batch}, {dtype}")
             self.fig.data[1].update(x=[0, shape.context_length], y=[weights, weights],
@@ -121,6 +128,10 @@ class KVCalculator(w.VBox):
         if s is not None:
             self.summary.value = html.escape(s["text"])
         return s
+
+
+def _error_html(err: Exception) -> str:
+    return f"<span style='color:#b00020'><b>Not possible:</b> {html.escape(str(err))}</span>"
 
 
 def _empty_figure() -> go.Figure:
