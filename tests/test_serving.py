@@ -333,6 +333,7 @@ def test_a_request_longer_than_the_context_is_rejected_and_the_others_go_on():
     (dict(max_batch_size=0), ValueError, "max_batch_size must be >= 1, got 0"),
     (dict(max_batch_size=2.5), TypeError, "max_batch_size must be an int"),
     (dict(block_size=0), ValueError, "block_size must be >= 1"),
+    (dict(block_size=CTX + 1), ValueError, f"block_size must be <= {CTX}"),
     (dict(kv_budget_bytes=-1), ValueError, "kv_budget_bytes must be >= 0"),
     (dict(mode="fifo"), ValueError, r"unknown mode 'fifo'; choose one of \['continuous', 'static'\]"),
     (dict(prefix_caching="yes"), TypeError, "prefix_caching must be True or False"),
@@ -349,14 +350,15 @@ def test_not_a_model():
 
 
 @pytest.mark.parametrize("args, kwargs, exc, match", [
-    (([], 4), {}, ValueError, "the prompt is empty"),
+    (([], 4), {}, ValueError, "prompt_ids is empty"),
     (("hello", 4), {}, TypeError, "encode text with the tokenizer"),
-    (([1.5, 2], 4), {}, TypeError, "prompt_ids must be ints"),
-    (([1, VOCAB], 4), {}, ValueError, f"token id {VOCAB} is outside the vocab"),
+    (([1.5, 2], 4), {}, TypeError, r"prompt_ids\[0\] must be an int"),
+    (([1, VOCAB], 4), {}, ValueError, rf"prompt_ids\[1\] must be <= {VOCAB - 1}, got {VOCAB}; a token id"),
     ((torch.zeros(2, 3, dtype=torch.long), 4), {}, TypeError, "one prompt"),
     (([1, 2], 0), {}, ValueError, "max_new_tokens must be >= 1"),
-    (([1, 2], 4), dict(arrival_s=-1), ValueError, "arrival_s must be seconds >= 0"),
-    (([1, 2], 4), dict(eos_id=VOCAB), ValueError, "eos_id must be None or a token id"),
+    (([1, 2], 4), dict(arrival_s=-1), ValueError, "arrival_s must be a finite number >= 0"),
+    (([1, 2], 4), dict(arrival_s=1e9), ValueError, "arrival_s must be a finite number >= 0 and <= 3600"),
+    (([1, 2], 4), dict(eos_id=VOCAB), ValueError, f"eos_id must be <= {VOCAB - 1}"),
 ])
 def test_bad_requests_are_refused_at_submit(args, kwargs, exc, match):
     engine = Engine(model(), 2)

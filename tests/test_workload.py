@@ -36,16 +36,25 @@ def test_no_rate_sends_everything_at_once_and_a_system_prompt_is_shared():
     assert "20-token system prompt" in wl.description
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(prompt_len=(5, 2)), "low end must not exceed"),
-    (dict(prompt_len=0), r"prompt_len\[0\] must be >= 1"),
-    (dict(output_len=(1, 2, 3)), "output_len must be a length or a"),
-    (dict(rate=0), "rate must be a number of requests per second > 0"),
-    (dict(rate="fast"), "rate must be"),
+@pytest.mark.parametrize("kwargs, exc, match", [
+    (dict(prompt_len=(5, 2)), ValueError, "low end must not exceed"),
+    (dict(prompt_len=0), ValueError, r"prompt_len\[0\] must be >= 1"),
+    (dict(prompt_len=2.5), TypeError, r"prompt_len\[0\] must be an int"),
+    (dict(output_len=(1, 2, 3)), ValueError, "output_len must be a length or a"),
+    (dict(output_len=(1, 2 ** 40)), ValueError, r"output_len\[1\] must be <= 1048576"),
+    (dict(rate=0), ValueError, "rate must be a number > 0"),
+    (dict(rate="fast"), TypeError, "rate must be a number"),
+    (dict(eos_id=10), ValueError, "eos_id must be <= 9"),
+    (dict(seed=-1), ValueError, "seed must be >= 0"),
 ])
-def test_bad_workload_settings(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+def test_bad_workload_settings(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
         make_workload(3, vocab_size=10, **kwargs)
+
+
+def test_an_infinite_rate_sends_everything_at_once():
+    wl = make_workload(4, vocab_size=10, rate=float("inf"))
+    assert all(r.arrival_s == 0 for r in wl) and "all at t=0" in wl.description
 
 
 def result(i, arrival, stamps, reason="length"):
@@ -90,16 +99,17 @@ def test_no_completed_request_gives_nan_stats_not_an_error():
     assert s.n_completed == 0 and s.output_tok_s == 0 and math.isnan(s.ttft_s.p99)
 
 
-@pytest.mark.parametrize("wall", [0, -1.0, float("nan"), "1s"])
-def test_bad_wall_time(wall):
-    with pytest.raises(ValueError, match="wall_s must be the workload's duration"):
+@pytest.mark.parametrize("wall, exc", [(0, ValueError), (-1.0, ValueError), (float("nan"), ValueError),
+                                       ("1s", TypeError)])
+def test_bad_wall_time(wall, exc):
+    with pytest.raises(exc, match="wall_s must be a"):
         summarize([], wall)
 
 
 def test_bad_slo():
     with pytest.raises(ValueError, match="unknown SLO field"):
         summarize([], 1.0, slo={"ttft": 1})
-    with pytest.raises(ValueError, match="SLO tpot_s must be a number of seconds > 0"):
+    with pytest.raises(ValueError, match=r"SLO.tpot_s must be a finite number > 0"):
         SLO(tpot_s=0)
     with pytest.raises(TypeError, match="slo must be an SLO"):
         summarize([], 1.0, slo=0.5)

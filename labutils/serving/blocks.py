@@ -1,10 +1,10 @@
 """Paged KV-cache bookkeeping: fixed-size blocks, a free list, reference counts and the prefix cache."""
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict, defaultdict, deque
 from dataclasses import dataclass
 
-from ..validate import check_count
+from ..validate import check_count, check_flag
 
 
 def block_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
@@ -38,13 +38,11 @@ class BlockManager:
 
     def __init__(self, n_blocks: int, block_size: int = 16, *, prefix_caching: bool = True,
                  budget_blocks: int | None = None):
-        check_count("n_blocks", n_blocks, 1)
-        check_count("block_size", block_size, 1)
-        budget = n_blocks if budget_blocks is None else budget_blocks
-        check_count("budget_blocks", budget, 0)
+        n_blocks, block_size = check_count("n_blocks", n_blocks, 1), check_count("block_size", block_size, 1)
+        budget = n_blocks if budget_blocks is None else check_count("budget_blocks", budget_blocks, 0)
         self.n_blocks, self.block_size, self.budget_blocks = n_blocks, block_size, budget
-        self.prefix_caching = bool(prefix_caching) and budget > 0   # with nothing kept, nothing is keyed
-        self._ref = [0] * n_blocks
+        self.prefix_caching = check_flag("prefix_caching", prefix_caching) and budget > 0   # nothing kept: nothing keyed
+        self._ref: defaultdict[int, int] = defaultdict(int)   # nothing stored per block until it is used
         self._key: dict[int, tuple[int, int | None, tuple[int, ...]]] = {}   # block -> (key, parent key, tokens)
         self._by_key: dict[int, int] = {}
         self._free: deque[int] = deque()                       # plain free blocks

@@ -1,8 +1,6 @@
 """The course's serving engine: requests in, continuous batching over a paged KV cache, per-token timestamps out."""
 from __future__ import annotations
 
-import math
-import numbers
 import time
 from dataclasses import dataclass
 
@@ -10,7 +8,7 @@ import torch
 
 from ..fastgen import pick_token
 from ..roofline import kv_bytes_per_token
-from ..validate import check_count
+from ..validate import check_choice, check_count, check_flag, check_number, model_device, model_dtype
 from .blocks import BlockManager
 from .paged_cache import PagedKVCache
 from .scheduler import MODES, Scheduler
@@ -18,6 +16,7 @@ from .sequence import Sequence
 from .workload import RequestResult, Summary, Workload, summarize
 
 
+MAX_ARRIVAL_S = 3600.0
 # Padded tokens (rows x longest row) one batched prefill may feed: bounds its activations and attention scores.
 MAX_PREFILL_TOKENS = 8192
 
@@ -42,17 +41,15 @@ class Engine:
                  kv_budget_bytes: int | None = None, mode: str = "continuous"):
         if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
             raise TypeError(f"model must be a labutils GPT, got {type(model).__name__}")
-        check_count("max_batch_size", max_batch_size, 1)
-        check_count("block_size", block_size, 1)
-        if not isinstance(prefix_caching, bool):
-            raise TypeError(f"prefix_caching must be True or False, got {prefix_caching!r}")
+        ctx = model.config.context_length
+        max_batch_size = check_count("max_batch_size", max_batch_size, 1)
+        block_size = check_count("block_size", block_size, 1, ctx, hint=f"a block holds at most the context ({ctx})")
+        prefix_caching = check_flag("prefix_caching", prefix_caching)
         if kv_budget_bytes is not None:
-            check_count("kv_budget_bytes", kv_budget_bytes, 0)
-        if mode not in MODES:
-            raise ValueError(f"unknown mode {mode!r}; choose one of {list(MODES)}")
-        param = next(model.parameters())
+            kv_budget_bytes = check_count("kv_budget_bytes", kv_budget_bytes, 0)
+        mode = check_choice("mode", mode, MODES)
         self.model, self.config = model, model.config
-        self.device, self.dtype = param.device, model.tok_emb.weight.dtype
+        self.device, self.dtype = model_device(model), model_dtype(model)
         self.max_batch_size, self.block_size, self.mode = max_batch_size, block_size, mode
         per_request = -(-self.config.context_length // block_size)     # blocks of one full-context request
         block_bytes = kv_bytes_per_token(self.config, self.dtype) * block_size
@@ -80,18 +77,16 @@ class Engine:
         finish_reason "rejected" and the reason in `error`, and the others go on.
         """
         prompt = self._check_prompt(prompt_ids)
-        check_count("max_new_tokens", max_new_tokens, 1)
-        if isinstance(arrival_s, bool) or not isinstance(arrival_s, numbers.Real) or not (
-                math.isfinite(arrival_s) and arrival_s >= 0):
-            raise ValueError(f"arrival_s must be seconds >= 0 after the workload starts, got {arrival_s!r}")
+        max_new_tokens = check_count("max_new_tokens", max_new_tokens, 1)
+        # An hour at most: arrivals are waited for on the real clock.
+        arrival_s = check_number("arrival_s", arrival_s, minimum=0, maximum=MAX_ARRIVAL_S,
+                                 hint="seconds after the workload starts, on the real clock")
         V = self.config.vocab_size
-        if eos_id is not None and (isinstance(eos_id, bool) or not isinstance(eos_id, numbers.Integral)
-                                   or not 0 <= eos_id < V):
-            raise ValueError(f"eos_id must be None or a token id in [0, {V}), got {eos_id!r}")
+        if eos_id is not None:
+            eos_id = check_count("eos_id", eos_id, 0, V - 1, hint=f"a token id of this model's vocab (0..{V - 1}), or None")
         if self._t0 is not None:             # the clock runs: a request cannot arrive in the past
             arrival_s = max(float(arrival_s), self.clock())
-        seq = Sequence(self._next_id, prompt, int(max_new_tokens), float(arrival_s),
-                       None if eos_id is None else int(eos_id))
+        seq = Sequence(self._next_id, prompt, max_new_tokens, arrival_s, eos_id)
         self._next_id += 1
         total, ctx = len(prompt) + seq.max_new_tokens, self.config.context_length
         if total > ctx:
@@ -111,15 +106,12 @@ class Engine:
                             "encode text with the tokenizer first")
         prompt = list(prompt_ids)
         if not prompt:
-            raise ValueError("the prompt is empty; encode at least one token")
+            raise ValueError("prompt_ids is empty; encode at least one token")
         V = self.config.vocab_size
-        for tok in prompt:
-            if isinstance(tok, bool) or not isinstance(tok, numbers.Integral):
-                raise TypeError(f"prompt_ids must be ints, got {type(tok).__name__} {tok!r}")
-            if not 0 <= tok < V:
-                raise ValueError(f"token id {tok} is outside the vocab of size {V}; "
-                                 "encode with the tokenizer that matches this model")
-        return [int(t) for t in prompt]
+        return [check_count(f"prompt_ids[{i}]", tok, 0, V - 1,
+                            hint=f"a token id of this model's vocab (0..{V - 1}); encode with the tokenizer "
+                                 "that matches this model")
+                for i, tok in enumerate(prompt)]
 
     # -- the clock and the loop --------------------------------------------------------------------
 

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import timing
-from ..validate import check_count
+from ..validate import check_count, check_number, check_positive, check_seed
 
 COMPLETED = ("stop", "length")     # finish reasons of a request that produced its answer (OpenAI's names)
+MAX_REQUESTS, MAX_LENGTH = 100_000, 2 ** 20   # bounds that keep a typo from filling memory
 
 
 @dataclass(frozen=True)
@@ -50,16 +51,14 @@ class Workload:
 
 
 def _length_range(name: str, value) -> tuple[int, int]:
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        value = (value, value)
-    if not isinstance(value, (tuple, list)) or len(value) != 2:
+    if not isinstance(value, (tuple, list)):
+        value = (value, value)            # one length: low = high (check_count refuses what is not one)
+    if len(value) != 2:
         raise ValueError(f"{name} must be a length or a (low, high) pair of lengths, got {value!r}")
-    lo, hi = value
-    check_count(f"{name}[0]", lo, 1)
-    check_count(f"{name}[1]", hi, 1)
+    lo, hi = (check_count(f"{name}[{i}]", v, 1, MAX_LENGTH) for i, v in enumerate(value))
     if lo > hi:
-        raise ValueError(f"{name}=({lo}, {hi}): the low end must not exceed the high end")
-    return int(lo), int(hi)
+        raise ValueError(f"{name}=({lo}, {hi}): the low end must not exceed the high end; swap them")
+    return lo, hi
 
 
 def make_workload(n_requests: int, *, vocab_size: int, prompt_len=(16, 64), output_len=(16, 64),
@@ -73,22 +72,27 @@ def make_workload(n_requests: int, *, vocab_size: int, prompt_len=(16, 64), outp
     `system_prompt_len` > 0 puts one shared, seeded system prompt of that many tokens before
     every request's own prompt (what prefix caching serves).
     """
-    check_count("n_requests", n_requests, 1)
-    check_count("vocab_size", vocab_size, 1)
-    check_count("system_prompt_len", system_prompt_len, 0)
+    n_requests = check_count("n_requests", n_requests, 1, MAX_REQUESTS)
+    vocab_size = check_count("vocab_size", vocab_size, 1)
+    system_prompt_len = check_count("system_prompt_len", system_prompt_len, 0, MAX_LENGTH)
     p_lo, p_hi = _length_range("prompt_len", prompt_len)
     o_lo, o_hi = _length_range("output_len", output_len)
-    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0):
-        raise ValueError(f"rate must be a number of requests per second > 0, or None for all at t=0; got {rate!r}")
+    if rate is not None:
+        rate = check_number("rate", rate, above=0, allow_inf=True,
+                            hint="requests per second; None (or inf) sends every request at t=0")
+    if eos_id is not None:
+        eos_id = check_count("eos_id", eos_id, 0, vocab_size - 1, hint="a token id of the vocab, or None")
+    seed = check_seed(seed)
     rng = np.random.default_rng(seed)
     system = rng.integers(0, vocab_size, system_prompt_len).tolist()
     p_lens = rng.integers(p_lo, p_hi + 1, n_requests)
     o_lens = rng.integers(o_lo, o_hi + 1, n_requests)
-    gaps = rng.exponential(1.0 / rate, n_requests) if rate is not None and math.isfinite(rate) else np.zeros(n_requests)
+    poisson = rate is not None and math.isfinite(rate)
+    gaps = rng.exponential(1.0 / rate, n_requests) if poisson else np.zeros(n_requests)
     arrivals = np.concatenate([[0.0], np.cumsum(gaps[:-1])])
     requests = tuple(Request(tuple(system + rng.integers(0, vocab_size, p).tolist()), int(o), float(a), eos_id=eos_id)
                      for p, o, a in zip(p_lens, o_lens, arrivals))
-    when = f"Poisson arrivals at {rate:g}/s" if rate is not None else "all at t=0"
+    when = f"Poisson arrivals at {rate:g}/s" if poisson else "all at t=0"
     shared = f", a shared {system_prompt_len}-token system prompt" if system_prompt_len else ""
     return Workload(requests, f"{n_requests} requests, prompts {p_lo}-{p_hi} tokens{shared}, outputs "
                               f"{o_lo}-{o_hi} tokens (uniform), {when}, seed {seed}")
@@ -164,10 +168,9 @@ class SLO:
 
     def __post_init__(self):
         for name in ("ttft_s", "tpot_s", "latency_s"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not value > 0):
-                raise ValueError(f"SLO {name} must be a number of seconds > 0 or None, got {value!r}")
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, check_number(f"SLO.{name}", getattr(self, name), above=0,
+                                                            hint="a limit in seconds, or None for no limit"))
 
     def met_by(self, r) -> bool:
         # A one-token answer has no TPOT (nan): nothing to miss.
@@ -209,8 +212,7 @@ def summarize(finished, wall_s: float, slo: SLO | dict | None = None) -> Summary
 
     With no SLO every completed request is good, so goodput equals completed requests/s.
     """
-    if isinstance(wall_s, bool) or not isinstance(wall_s, (int, float)) or not (math.isfinite(wall_s) and wall_s > 0):
-        raise ValueError(f"wall_s must be the workload's duration in seconds (> 0), got {wall_s!r}")
+    wall_s = check_positive("wall_s", wall_s)          # the workload's duration in seconds
     if isinstance(slo, dict):
         unknown = set(slo) - {"ttft_s", "tpot_s", "latency_s"}
         if unknown:
@@ -223,7 +225,7 @@ def summarize(finished, wall_s: float, slo: SLO | dict | None = None) -> Summary
     done = [r for r in finished if r.ok]
     tokens = sum(len(r.tokens) for r in done)
     return Summary(
-        n_requests=len(finished), n_completed=len(done), wall_s=float(wall_s), output_tokens=tokens,
+        n_requests=len(finished), n_completed=len(done), wall_s=wall_s, output_tokens=tokens,
         output_tok_s=tokens / wall_s, request_per_s=len(done) / wall_s,
         goodput_req_s=sum(slo.met_by(r) for r in done) / wall_s,
         ttft_s=Stats.of(r.ttft_s for r in done), tpot_s=Stats.of(r.tpot_s for r in done),
