@@ -32,7 +32,9 @@ from .hardware import default_dtype
 from .kvcache import KVCache
 from .model import GPT, GPTConfig, save_hf_gpt2
 from .serving import vllm_server
-from .serving.openai_client import OpenAIClient, Request
+from .serving.engine import Engine, run_workload
+from .serving.openai_client import OpenAIClient
+from .serving.workload import Request, Workload, make_workload, summarize
 
 
 @dataclass
@@ -308,28 +310,64 @@ def prefill_throughput(s: BenchSettings) -> BenchRow:
                     f"{flops / seconds / 1e9:.0f} GFLOP/s; matmul {peak_flops / 1e9:.0f} GFLOP/s (median of {s.rounds})")
 
 
-# --- lesson 09: the same meters on a real engine ------------------------------------------------------
+# --- lesson 09: serving --------------------------------------------------------------------------------------
 
-def vllm_row_workload(cfg: GPTConfig, n: int = 32, seed: int = 0) -> list[Request]:
-    """The seeded workload of the engine-vs-vLLM row: n requests at t=0, prompt lengths uniform in
-    [ctx/16, ctx/8] and output lengths in [ctx/64, ctx/16] tokens (gpt2-small: 64-128 and 16-64)."""
-    g = torch.Generator().manual_seed(seed)
+def serving_workload(cfg: GPTConfig, n: int = 32, seed: int = 0) -> Workload:
+    """The serving rows' one seeded workload: n requests at t=0, prompt and output lengths uniform in
+    [ctx/64, ctx/16] tokens (gpt2-small: 16-64 each).
+
+    The mix decides what batching can win: batching shares a decode step's weight reads, but a
+    prefill's FLOPs are the same one request at a time or batched (and on a CPU a prefill is
+    already compute-bound), so the longer the prompts, the closer the continuous-batching ratio
+    falls to 1.
+    """
     ctx = cfg.context_length
-    prompt_lo, prompt_hi, out_lo, out_hi = ctx // 16, ctx // 8, max(1, ctx // 64), ctx // 16
+    lengths = (max(1, ctx // 64), ctx // 16)
+    return make_workload(n, vocab_size=cfg.vocab_size, prompt_len=lengths, output_len=lengths, seed=seed)
 
-    def draw(lo, hi):
-        return int(torch.randint(lo, hi + 1, (), generator=g))
-    return [Request(tuple(torch.randint(0, cfg.vocab_size, (draw(prompt_lo, prompt_hi),), generator=g).tolist()),
-                    draw(out_lo, out_hi), 0.0, i) for i in range(n)]
+
+def continuous_vs_one_at_a_time(s: BenchSettings) -> BenchRow:
+    """Output tokens/s of one workload through the Engine: continuous batching (a slot per request) vs one at a time."""
+    model = bench_model(s.preset, str(s.device))
+    wl = serving_workload(model.config, 8 if s.quick else 32)
+    # The same engine both ways; only the batch limit differs. Prefix caching off: a later round would
+    # otherwise find the earlier round's prompts cached, and random prompts share nothing anyway.
+    engines = {"continuous": Engine(model, len(wl), prefix_caching=False),
+               "one at a time": Engine(model, 1, prefix_caching=False)}
+    warm = dataclasses.replace(wl, requests=wl.requests[:2])
+    for engine in engines.values():
+        run_workload(engine, warm)                          # warm-up, untimed
+    tok_s: dict[str, list[float]] = {name: [] for name in engines}
+    tokens: dict[str, list[list[int]]] = {}
+    for _ in range(s.rounds):                               # interleaved, so drifting load hits both
+        for name, engine in engines.items():
+            results, wall_s = run_workload(engine, wl)
+            tok_s[name].append(summarize(results, wall_s).output_tok_s)
+            tokens[name] = [r.tokens for r in results]
+    t = {name: statistics.median(v) for name, v in tok_s.items()}
+    same = sum(a == b for a, b in zip(tokens["continuous"], tokens["one at a time"]))
+    return BenchRow("continuous batching / one request at a time, output tokens/s",
+                    t["continuous"] / t["one at a time"], ">= 3",
+                    f"{s.preset} shape, random {dtype_name(next(model.parameters()).dtype)}, {s.device.type}, "
+                    f"serving.Engine (paged KV, block 16), {wl.description}; greedy tokens equal in {same} of {len(wl)}",
+                    f"continuous ({len(wl)} slots) {t['continuous']:.1f} tokens/s, one at a time "
+                    f"{t['one at a time']:.1f} tokens/s (median of {s.rounds})")
+def vllm_row_workload(cfg: GPTConfig, n: int = 32, seed: int = 0) -> list[Request]:
+    """The engine-vs-vLLM row's requests: serving_workload, the workload of the continuous-batching row."""
+    return list(serving_workload(cfg, n, seed).requests)
 
 
 def course_engine_outputs(model: GPT, requests: list[Request]) -> list[list[int]]:
     """The course's side of the engine-vs-vLLM comparison: each request's greedy output ids.
 
-    Until labutils.serving.engine is merged this is generate(), one request at a time in arrival
-    order; tests/test_vllm.py compares vLLM's tokens with the same function.
+    serving.Engine with a slot for every request (continuous batching, as the server gets them all
+    in flight), prefix caching off as on the server; tests/test_vllm.py compares vLLM's tokens with
+    the same function.
     """
-    return [generate(model, list(r.prompt_ids), r.max_new_tokens).tokens[0].tolist() for r in requests]
+    engine = Engine(model, len(requests), prefix_caching=False)
+    for r in requests:
+        engine.submit(r.prompt_ids, r.max_new_tokens, r.arrival_s)
+    return [r.tokens for r in engine.run()]
 
 
 def engine_vs_server(model: GPT, client: OpenAIClient, requests: list[Request], s: BenchSettings,
@@ -375,7 +413,7 @@ def engine_vs_vllm(s: BenchSettings) -> BenchRow:
     setup = (f"{s.preset} shape, random fp32, cpu; {len(requests)} seeded requests at "
              f"t=0, prompts {min(len(r.prompt_ids) for r in requests)}-{max(len(r.prompt_ids) for r in requests)} "
              f"tokens, outputs {min(r.max_new_tokens for r in requests)}-{max(r.max_new_tokens for r in requests)}; "
-             f"engine side: generate() one request at a time (until labutils.serving.engine lands), "
+             f"engine side: serving.Engine, a batch slot per request, prefix caching off, "
              f"{torch.get_num_threads()} torch threads; vLLM: every request in flight, prefix caching off, "
              "its own CPU thread binding")
     with tempfile.TemporaryDirectory(prefix="bench-vllm-") as folder:
@@ -452,7 +490,8 @@ def speculative_lookup_vs_greedy(s: BenchSettings) -> BenchRow:
 ROWS: list[Callable[[BenchSettings], BenchRow]] = [recompute_vs_cached, tpot_long_vs_short, fast_vs_hf_tiny,
                                                    fast_vs_hf_gpt2_small, decode_bandwidth, prefill_throughput,
                                                    int8_vs_16_32, speculative_draft_vs_greedy,
-                                                   speculative_lookup_vs_greedy, engine_vs_vllm]
+                                                   speculative_lookup_vs_greedy, continuous_vs_one_at_a_time,
+                                                   engine_vs_vllm]
 
 
 def run(settings: BenchSettings, rows: list[Callable[[BenchSettings], BenchRow]] | None = None,

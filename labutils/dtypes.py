@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import torch
 
-# name -> torch dtype. fp8 is e4m3 (the inference format); e5m2 tensors are named fp8 too.
-TORCH_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
-                                        "int8": torch.int8}
+# name -> torch dtype. fp8 is e4m3 (the inference format); e5m2 tensors are named fp8 too. fp64 is for
+# tests, whose random models decode in float64 so that no argmax tie comes from rounding.
+TORCH_DTYPES: dict[str, torch.dtype] = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16,
+                                        "fp16": torch.float16, "int8": torch.int8}
 if hasattr(torch, "float8_e4m3fn"):
     TORCH_DTYPES["fp8"] = torch.float8_e4m3fn
-BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+BYTES: dict[str, int] = {"fp64": 8, "fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 # Dtypes a model computes in (weights and activations); int8 and fp8 are storage formats here.
 COMPUTE_DTYPES = ("fp32", "bf16", "fp16")
 
@@ -18,7 +19,7 @@ if hasattr(torch, "float8_e5m2"):
 
 
 def dtype_name(dtype) -> str:
-    """"fp32", "bf16", "fp16", "fp8" or "int8" for a torch dtype or one of those names."""
+    """"fp64", "fp32", "bf16", "fp16", "fp8" or "int8" for a torch dtype or one of those names."""
     if isinstance(dtype, str) and dtype in BYTES:
         return dtype
     if isinstance(dtype, torch.dtype) and dtype in _NAMES:

@@ -187,7 +187,8 @@ class GPT(nn.Module):
 
         A cache is anything with begin(n) -> positions, update(layer, k, v) -> (keys, values), a
         `mask` (None, or [n, keys] bool), advance(n), pos and check_fits: kvcache.KVCache and
-        static_cache.StaticKVCache both are.
+        static_cache.StaticKVCache both are, and so is serving.paged_cache.PagedBatch, whose
+        positions are [batch, n] (a position per request) and whose mask is [batch, 1, n, keys].
 
         `check=False` skips input validation (a host sync); decode_step feeds the model's own
         argmax, which is always in range. `last_only=True` returns logits for the last position

@@ -90,6 +90,14 @@ def test_hf_rows_refuse_to_time_models_that_disagree():
         bench.check_same_greedy_tokens(hf, ours, ids, 6)
 
 
+def test_serving_row_runs_on_quick_settings():
+    row = bench.continuous_vs_one_at_a_time(bench.BenchSettings(quick=True, rounds=1))
+    assert bench.continuous_vs_one_at_a_time in bench.ROWS
+    assert row.target == ">= 3" and row.status in ("PASS", "FAIL") and math.isfinite(row.ratio) and row.ratio > 0
+    assert "8 requests" in row.setup and "seed 0" in row.setup and "greedy tokens equal in" in row.setup
+    assert "tokens/s" in row.detail and "median of 1" in row.detail
+
+
 def test_the_vllm_row_skips_with_a_reason_where_it_cannot_run(monkeypatch):
     monkeypatch.setattr(bench.vllm_server, "vllm_python", lambda: None)
     row = bench.engine_vs_vllm(bench.BenchSettings(quick=False))
@@ -108,7 +116,7 @@ def test_the_vllm_row_workload_is_seeded_and_fits_the_context():
     cfg = GPTConfig.preset("gpt2-small")
     a, b = bench.vllm_row_workload(cfg), bench.vllm_row_workload(cfg)
     assert a == b and len(a) == 32 and a != bench.vllm_row_workload(cfg, seed=1)
-    assert all(64 <= len(r.prompt_ids) <= 128 and 16 <= r.max_new_tokens <= 64 and r.arrival_s == 0 for r in a)
+    assert all(16 <= len(r.prompt_ids) <= 64 and 16 <= r.max_new_tokens <= 64 and r.arrival_s == 0 for r in a)
     assert len({len(r.prompt_ids) for r in a}) > 8 and len({r.max_new_tokens for r in a}) > 8
     assert all(0 <= t < cfg.vocab_size for r in a for t in r.prompt_ids)
 

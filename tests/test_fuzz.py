@@ -540,3 +540,99 @@ def test_quiz_questions(raw):
     outcome("widgets.validate_questions", lambda: validate_questions(raw),
             ["question", "options", "answer", "explanation", "list of questions"],
             lambda qs: all(0 <= q.answer < len(q.options) for q in qs))
+
+
+# ---- serving: the engine, its requests, workloads and their summary ---------------------------------
+
+serving_prompts = st.one_of(st.lists(st.integers(0, 31), min_size=1, max_size=10),
+                            st.lists(st.integers(0, 31), min_size=1, max_size=10).map(torch.tensor),
+                            st.lists(st.integers(0, 31), min_size=1, max_size=10).map(np.array))
+serving_bad_prompts = st.one_of(st.lists(st.integers(-2, 40), max_size=6).filter(
+    lambda v: not v or min(v) < 0 or max(v) > 31), st.lists(st.floats(0, 3), min_size=1, max_size=3),
+    st.just(torch.tensor([1.0, 2.0])), st.just(torch.ones(1, 2, dtype=torch.long)), st.just("hello"),
+    st.just([[1, 2], [3]]), junk.filter(lambda v: not isinstance(v, list)))
+
+
+@settings(FUZZ, max_examples=60)
+@given(data=st.data())
+def test_serving_engine(data):
+    """Engine(...) then submit() of a few requests, then run(): a clean refusal, or every request answered
+    (or rejected with a reason when it is longer than the context)."""
+    from labutils.serving.engine import Engine
+    model = MODELS["other"]
+    eng_kw, spoilt = data.draw(spoiled(
+        dict(max_batch_size=st.integers(1, 4), block_size=st.sampled_from([1, 4, 16]), prefix_caching=st.booleans(),
+             kv_budget_bytes=st.one_of(st.none(), st.integers(0, 20_000)), mode=st.sampled_from(["continuous", "static"])),
+        dict(max_batch_size=bad_counts, block_size=st.one_of(bad_counts, st.just(17)),
+             prefix_caching=junk.filter(lambda v: not isinstance(v, bool)),
+             kv_budget_bytes=st.one_of(small_bad_counts.filter(lambda v: v is not None and v != 0), huge),
+             mode=st.one_of(st.sampled_from(["fifo", "Continuous", ""]), junk))))
+    req_kw, bad_req = data.draw(spoiled(
+        dict(prompt_ids=serving_prompts, max_new_tokens=st.integers(1, 12), arrival_s=st.sampled_from([0.0, 0.01]),
+             eos_id=st.one_of(st.none(), st.integers(0, 31))),
+        dict(prompt_ids=serving_bad_prompts, max_new_tokens=bad_counts,
+             arrival_s=st.one_of(bad_numbers.filter(lambda v: v != 0), st.just(1e9)), eos_id=st.one_of(bad_counts, st.just(32)))))
+    extra = data.draw(st.lists(st.tuples(st.lists(st.integers(0, 31), min_size=1, max_size=12), st.integers(1, 8)),
+                               max_size=3))
+
+    def run():
+        engine = Engine(model, **eng_kw)
+        for prompt, n in extra:
+            engine.submit(prompt, n)
+        engine.submit(**req_kw)
+        return engine, engine.run()
+
+    def invariant(out):
+        engine, results = out
+        assert len(results) == len(extra) + 1 and engine.blocks.used == 0 and not engine.busy
+        for r in results:
+            assert r.finish_reason in ("length", "stop", "rejected")
+            if r.finish_reason == "rejected":
+                assert "context length" in r.error and r.tokens == []
+            else:
+                assert 1 <= len(r.tokens) == len(r.timestamps) and all(0 <= t < 32 for t in r.tokens)
+                assert r.ttft_s >= 0 and r.latency_s >= r.ttft_s
+    names = named(spoilt or bad_req, [*params(Engine), "prompt_ids", "max_new_tokens", "arrival_s", "eos_id"],
+                  {"prompt_ids": ["prompt_ids[", "prompt"]})
+    outcome("serving.Engine", run, names, invariant)
+
+
+@settings(FUZZ, max_examples=60)
+@given(data=st.data())
+def test_serving_workload_and_summary(data):
+    from labutils.serving.workload import make_workload, summarize
+    kwargs, spoilt = data.draw(spoiled(
+        dict(n_requests=st.integers(1, 20), vocab_size=st.integers(1, 100),
+             prompt_len=st.one_of(st.integers(1, 30), st.tuples(st.integers(1, 5), st.integers(5, 30))),
+             output_len=st.one_of(st.integers(1, 30), st.tuples(st.integers(1, 5), st.integers(5, 30))),
+             rate=st.one_of(st.none(), st.floats(0.1, 1e4), st.just(math.inf)), system_prompt_len=st.integers(0, 20),
+             seed=st.integers(0, 5)),
+        dict(n_requests=bad_counts, vocab_size=small_bad_counts, prompt_len=st.one_of(bad_counts, st.just((9, 2))),
+             output_len=st.one_of(bad_counts, st.just((1, 2, 3))), rate=bad_numbers.filter(lambda v: v is not None),
+             system_prompt_len=st.one_of(bad_counts.filter(lambda v: v != 0)), seed=small_bad_counts.filter(
+                 lambda v: v != 0 and v is not None))))
+
+    def invariant(wl):
+        assert len(wl) == kwargs["n_requests"] and all(r.arrival_s >= 0 for r in wl)
+        assert all(0 <= t < kwargs["vocab_size"] for r in wl for t in r.prompt_ids)
+    wl = outcome("serving.make_workload", lambda: make_workload(**kwargs),
+                 named(spoilt, list(kwargs), {"prompt_len": ["prompt_len"], "output_len": ["output_len"]}), invariant)
+    if wl is None:
+        return
+    bad = data.draw(st.sampled_from([None, None, "wall_s", "slo"]))           # at most one spoiled
+    wall = data.draw(bad_numbers if bad == "wall_s" else st.floats(1e-3, 100))
+    slo = data.draw(st.one_of(st.just({"ttft": 1}), st.builds(dict, tpot_s=bad_numbers), junk.filter(
+        lambda v: v is not None)) if bad == "slo" else st.one_of(st.none(), st.builds(dict, ttft_s=st.floats(1e-3, 10))))
+
+    def summarize_results():
+        from labutils.serving.workload import RequestResult
+        results = [RequestResult(i, r.arrival_s, [1] * r.max_new_tokens,
+                                 [r.arrival_s + 0.01 * (k + 1) for k in range(r.max_new_tokens)], "length")
+                   for i, r in enumerate(wl)]
+        return summarize(results, wall, slo)          # a dict of SLO fields, an SLO, None or junk
+
+    def invariant_summary(s):
+        assert s.n_completed == len(wl) and s.output_tok_s >= 0 and 0 <= s.goodput_req_s <= s.request_per_s
+        assert s.ttft_s.p50 <= s.ttft_s.p99 + 1e-12 and s.ttft_s.mean > 0
+    outcome("serving.summarize", summarize_results, {"wall_s": ["wall_s"], "slo": ["slo", "SLO"], None: ["wall_s"]}[bad],
+            invariant_summary)

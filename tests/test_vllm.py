@@ -15,7 +15,7 @@ from labutils.serving.vllm_server import ENABLE_HINT, VLLM_VENV, VLLMServer, vll
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
-# The course's side of every comparison (the lead points this at labutils.serving.engine at merge).
+# The course's side of every comparison: labutils.serving.engine.Engine, through the bench row's function.
 course_outputs = bench.course_engine_outputs
 
 PROMPTS = [

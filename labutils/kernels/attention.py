@@ -3,8 +3,9 @@
 Shapes: q is [batch, n_head, Tq, head_dim]; k and v are [batch, n_kv_head, Tk, head_dim].
 `q_offset` is the absolute position of the first query. Prefill has q_offset=0 and Tq=Tk;
 a decode step with a KV cache has one query at q_offset=Tk-1 that may look at every key.
-`mask` ([Tq, Tk] bool, True = may attend) replaces the offset: a static cache hands over its
-whole preallocated buffer, and only the cache knows which of those keys are written yet.
+`mask` ([Tq, Tk] bool, True = may attend; or [batch, 1, Tq, Tk] when each sequence sees its own keys)
+replaces the offset: a static cache hands over its whole preallocated buffer, and a paged cache each
+request's gathered blocks, and only the cache knows which of those keys are written yet.
 """
 from __future__ import annotations
 
@@ -58,7 +59,9 @@ def _grouped_sdpa(q, k, v, mask: torch.Tensor) -> torch.Tensor:
     if group == 1:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     qg = q.reshape(B, k.shape[1], group * tq, d)       # a view when tq == 1 (decode)
-    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask.repeat(group, 1) if tq > 1 else mask)
+    if tq > 1:   # the query rows are now (group, tq): tile the mask's query axis to match
+        mask = mask.repeat(*([1] * (mask.dim() - 2)), group, 1)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
     return out.view(B, H, tq, d)
 
 

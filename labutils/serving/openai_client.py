@@ -18,21 +18,12 @@ from urllib.parse import urlsplit
 
 from .. import timing
 from ..validate import check_count, check_number, check_positive
+from .workload import Request   # one request type drives the course's engine and a server
 
 # vLLM's extensions to the OpenAI API: the ids of each streamed token (a server started with
 # --skip-tokenizer-init streams no text at all), and running to max_tokens, as the course's engine
 # does when a request has no eos_id. Pass extra_body={} to a server that refuses unknown fields.
 DEFAULT_EXTRA_BODY = {"return_token_ids": True, "ignore_eos": True}
-
-
-@dataclass(frozen=True)
-class Request:
-    """One request of a workload: the same three numbers drive the course's engine and a server."""
-
-    prompt_ids: tuple[int, ...]
-    max_new_tokens: int
-    arrival_s: float = 0.0          # seconds after the workload starts
-    id: int | None = None           # None: its index in the workload
 
 
 @dataclass
@@ -81,7 +72,7 @@ def as_request(r, index: int) -> Request:
     where = f"request {index}"
     if ids is None or n is None:
         raise TypeError(f"{where} is a {type(r).__name__}; a request needs prompt_ids and max_new_tokens "
-                        "(and optionally arrival_s, id): use labutils.serving.openai_client.Request")
+                        "(and optionally arrival_s, id): use labutils.serving.workload.Request")
     if hasattr(ids, "tolist"):
         ids = ids.tolist()                 # a 1-D tensor or array of ids
     if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):

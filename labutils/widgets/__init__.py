@@ -5,3 +5,4 @@ from .explorer import Explorer, explorer
 from .kv_calculator import KVCalculator, kv_calculator, kv_summary
 from .quiz import Quiz, quiz
 from .token_viewer import token_viewer
+from .serving_dashboard import ServingDashboard, serving_dashboard

@@ -1,0 +1,176 @@
+"""Paged KV-cache bookkeeping: fixed-size blocks, a free list, reference counts and the prefix cache."""
+from __future__ import annotations
+
+from collections import OrderedDict, defaultdict, deque
+from dataclasses import dataclass
+
+from ..validate import check_count, check_flag
+
+
+def block_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
+    """The prefix-cache key of a full block: its tokens chained with the key of the block before it.
+
+    Equal keys mean equal prefixes, unless two prefixes collide; lookups compare the tokens (and
+    the parent key) as well, so a collision costs a cache miss, never wrong keys and values.
+    """
+    return hash((parent, tokens))
+
+
+@dataclass
+class Allocation:
+    """Blocks for a request's first `len(table) * block_size` positions; the first `cached_tokens` are already written."""
+
+    table: list[int]
+    keys: list[int]            # chain keys of the reused blocks at the front of the table
+    cached_tokens: int
+
+
+class BlockManager:
+    """Hands block ids 0 .. n_blocks-1 to requests' block tables and takes them back.
+
+    A block is *in use* while its reference count is above zero (a shared prefix block counts once
+    per request). A free block is either plain, or *cached*: it still holds a full block of a known
+    prefix, keyed by block_hash, and waits in LRU order for a request with the same prefix.
+    `budget_blocks` bounds in-use plus cached blocks; past it the least recently used cached block
+    is forgotten (budget 0 caches nothing). Never-used ids go out lowest first, so the storage
+    behind them (PagedKVCache) only grows as far as the load needs.
+    """
+
+    def __init__(self, n_blocks: int, block_size: int = 16, *, prefix_caching: bool = True,
+                 budget_blocks: int | None = None):
+        n_blocks, block_size = check_count("n_blocks", n_blocks, 1), check_count("block_size", block_size, 1)
+        budget = n_blocks if budget_blocks is None else check_count("budget_blocks", budget_blocks, 0)
+        self.n_blocks, self.block_size, self.budget_blocks = n_blocks, block_size, budget
+        self.prefix_caching = check_flag("prefix_caching", prefix_caching) and budget > 0   # nothing kept: nothing keyed
+        self._ref: defaultdict[int, int] = defaultdict(int)   # nothing stored per block until it is used
+        self._key: dict[int, tuple[int, int | None, tuple[int, ...]]] = {}   # block -> (key, parent key, tokens)
+        self._by_key: dict[int, int] = {}
+        self._free: deque[int] = deque()                       # plain free blocks
+        self._cached: OrderedDict[int, None] = OrderedDict()   # free and keyed, least recently used first
+        self.high_water = 0        # ids below this have been handed out at least once
+        self.used = 0              # blocks with a reference count above zero
+        self.evictions = 0
+
+    @property
+    def cached(self) -> int:
+        """Free blocks that still hold a known prefix."""
+        return len(self._cached)
+
+    def refcount(self, block: int) -> int:
+        return self._ref[block]
+
+    def available(self, exclude=()) -> int:
+        """Blocks a new allocation could take: plain free, never used, and cached ones not in `exclude`."""
+        reused = sum(1 for b in exclude if b in self._cached)
+        return len(self._free) + (self.n_blocks - self.high_water) + len(self._cached) - reused
+
+    # -- the prefix cache --------------------------------------------------------------------------
+
+    def lookup(self, tokens) -> tuple[list[int], list[int]]:
+        """The blocks already holding the longest run of `tokens`' leading full blocks, and their keys.
+
+        Never the whole sequence: at least its last token is left to compute, because the next
+        token comes from that token's logits (a full hit would leave nothing to prefill).
+        """
+        hits: list[int] = []
+        keys: list[int] = []
+        if not self.prefix_caching:
+            return hits, keys
+        bs, parent = self.block_size, None
+        for i in range((len(tokens) - 1) // bs):
+            chunk = tuple(tokens[i * bs:(i + 1) * bs])
+            key = block_hash(parent, chunk)
+            block = self._by_key.get(key)
+            if block is None or self._key[block][1:] != (parent, chunk):   # absent, or a hash collision
+                break
+            hits.append(block)
+            keys.append(key)
+            parent = key
+        return hits, keys
+
+    def commit(self, table: list[int], keys: list[int], tokens, n_written: int) -> None:
+        """Key every block of `table` that is now full (its first n_written positions are written).
+
+        `keys` is the request's chain of block keys so far, extended in place. A block whose key is
+        already held by another block stays unkeyed: one copy of a prefix is enough.
+        """
+        if not self.prefix_caching:
+            return
+        bs = self.block_size
+        for i in range(len(keys), min(n_written // bs, len(table))):
+            chunk, parent = tuple(tokens[i * bs:(i + 1) * bs]), (keys[-1] if keys else None)
+            key = block_hash(parent, chunk)
+            keys.append(key)
+            if key not in self._by_key and table[i] not in self._key:
+                self._by_key[key] = table[i]
+                self._key[table[i]] = (key, parent, chunk)
+
+    # -- allocation --------------------------------------------------------------------------------
+
+    def allocate(self, tokens) -> Allocation | None:
+        """Blocks for every position of `tokens`, reusing cached prefix blocks; None if they do not fit (nothing changes)."""
+        hits, keys = self.lookup(tokens)
+        need = -(-len(tokens) // self.block_size) - len(hits)
+        if self.available(exclude=hits) < need:
+            return None
+        for block in hits:
+            self._incref(block)
+        table = hits + [self._take() for _ in range(need)]
+        return Allocation(table, keys, len(hits) * self.block_size)
+
+    def append(self, table: list[int], n_positions: int) -> bool:
+        """Grow `table` to cover n_positions; False (table unchanged) when no block is left."""
+        need = -(-n_positions // self.block_size) - len(table)
+        if need > self.available():
+            return False
+        table.extend(self._take() for _ in range(need))
+        return True
+
+    def free(self, table: list[int]) -> None:
+        """Drop one reference to every block of a finished or preempted request."""
+        for block in table:
+            self._ref[block] -= 1
+            if self._ref[block] == 0:
+                self.used -= 1
+                if block in self._key:
+                    self._cached[block] = None        # most recently used end
+                else:
+                    self._free.append(block)
+        self._enforce_budget()
+
+    def _incref(self, block: int) -> None:
+        if self._ref[block] == 0:
+            self._cached.pop(block, None)
+            self.used += 1
+        self._ref[block] += 1
+
+    def _take(self) -> int:
+        """One block with refcount 1: a plain free one, a never-used one while the budget allows, else the LRU cached one."""
+        if self._free:
+            block = self._free.popleft()
+        elif self.high_water < self.n_blocks and (self.used + len(self._cached) < self.budget_blocks
+                                                  or not self._cached):
+            block, self.high_water = self.high_water, self.high_water + 1
+        elif self._cached:
+            block = self._evict()
+        else:
+            raise RuntimeError("no free KV block; check available() before taking one")
+        self._ref[block] = 1
+        self.used += 1
+        self._enforce_budget()
+        return block
+
+    def _evict(self) -> int:
+        block, _ = self._cached.popitem(last=False)
+        key = self._key.pop(block)[0]
+        if self._by_key.get(key) == block:
+            del self._by_key[key]
+        self.evictions += 1
+        return block
+
+    def _enforce_budget(self) -> None:
+        while self._cached and self.used + len(self._cached) > self.budget_blocks:
+            self._free.append(self._evict())
+
+
+__all__ = ["Allocation", "BlockManager", "block_hash"]

@@ -1,0 +1,278 @@
+"""The course's serving engine: requests in, continuous batching over a paged KV cache, per-token timestamps out."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..fastgen import pick_token
+from ..roofline import kv_bytes_per_token
+from ..validate import check_choice, check_count, check_flag, check_number, model_device, model_dtype
+from .blocks import BlockManager
+from .paged_cache import PagedKVCache
+from .scheduler import MODES, Scheduler
+from .sequence import Sequence
+from .workload import RequestResult, Summary, Workload, summarize
+
+
+MAX_ARRIVAL_S = 3600.0
+# Padded tokens (rows x longest row) one batched prefill may feed: bounds its activations and attention scores.
+MAX_PREFILL_TOKENS = 8192
+
+
+class Engine:
+    """Serve many requests with one model: Engine(model, max_batch_size).submit(...) ... .run().
+
+    Each step() prefills the requests that join (together, in one padded forward, reusing cached
+    prefix blocks) and then decodes one token for every request already running, in one batched
+    forward whose rows sit at different positions. Decoding is greedy, so a request's tokens are those of its
+    solo generate() run. Times are seconds on the real clock since the workload started: the
+    first step() after the engine was idle (run() starts with one).
+
+    kv_budget_bytes bounds the paged KV cache: blocks held by running requests plus blocks kept
+    for prefix reuse. None gives room for max_batch_size requests at the full context, so nothing
+    is ever preempted. When running requests need more, the newest is preempted and recomputed
+    later. A budget below one full-context request still serves every request: the pool always
+    holds one such request, beyond the budget. A budget of 0 caches nothing.
+    """
+
+    def __init__(self, model, max_batch_size: int, *, block_size: int = 16, prefix_caching: bool = True,
+                 kv_budget_bytes: int | None = None, mode: str = "continuous"):
+        if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+            raise TypeError(f"model must be a labutils GPT, got {type(model).__name__}")
+        ctx = model.config.context_length
+        max_batch_size = check_count("max_batch_size", max_batch_size, 1)
+        block_size = check_count("block_size", block_size, 1, ctx, hint=f"a block holds at most the context ({ctx})")
+        prefix_caching = check_flag("prefix_caching", prefix_caching)
+        if kv_budget_bytes is not None:
+            kv_budget_bytes = check_count("kv_budget_bytes", kv_budget_bytes, 0)
+        mode = check_choice("mode", mode, MODES)
+        self.model, self.config = model, model.config
+        self.device, self.dtype = model_device(model), model_dtype(model)
+        self.max_batch_size, self.block_size, self.mode = max_batch_size, block_size, mode
+        per_request = -(-self.config.context_length // block_size)     # blocks of one full-context request
+        block_bytes = kv_bytes_per_token(self.config, self.dtype) * block_size
+        budget = max_batch_size * per_request if kv_budget_bytes is None else kv_budget_bytes // block_bytes
+        n_blocks = max(budget, per_request)
+        self.blocks = BlockManager(n_blocks, block_size, prefix_caching=prefix_caching, budget_blocks=budget)
+        self.cache = PagedKVCache(self.config, block_size, n_blocks, self.device, self.dtype)
+        self.scheduler = Scheduler(self.blocks, max_batch_size, mode)
+        self.finished: list[RequestResult] = []     # results of the current (or last) workload
+        self.timeline: list[dict] = []              # one row per step: time, batch, queue, blocks
+        self.wall_s = 0.0                           # the last workload's duration: start to the end of its last step
+        self._pending: list[Sequence] = []          # submitted, not arrived yet
+        self._rejected: dict[int, str] = {}
+        self._next_id = 0
+        self._t0: float | None = None
+        self.steps = 0
+        self.peak_blocks = 0
+
+    # -- requests in -------------------------------------------------------------------------------
+
+    def submit(self, prompt_ids, max_new_tokens: int, arrival_s: float = 0.0, eos_id: int | None = None) -> int:
+        """Queue one request; returns its id. arrival_s: seconds after the workload starts (the first step).
+
+        A request longer than the context is not refused here: it comes back from run() with
+        finish_reason "rejected" and the reason in `error`, and the others go on.
+        """
+        prompt = self._check_prompt(prompt_ids)
+        max_new_tokens = check_count("max_new_tokens", max_new_tokens, 1)
+        # An hour at most: arrivals are waited for on the real clock.
+        arrival_s = check_number("arrival_s", arrival_s, minimum=0, maximum=MAX_ARRIVAL_S,
+                                 hint="seconds after the workload starts, on the real clock")
+        V = self.config.vocab_size
+        if eos_id is not None:
+            eos_id = check_count("eos_id", eos_id, 0, V - 1, hint=f"a token id of this model's vocab (0..{V - 1}), or None")
+        if self._t0 is not None:             # the clock runs: a request cannot arrive in the past
+            arrival_s = max(float(arrival_s), self.clock())
+        seq = Sequence(self._next_id, prompt, max_new_tokens, arrival_s, eos_id)
+        self._next_id += 1
+        total, ctx = len(prompt) + seq.max_new_tokens, self.config.context_length
+        if total > ctx:
+            self._rejected[seq.id] = (f"prompt ({len(prompt)}) + max_new_tokens ({seq.max_new_tokens}) = {total} "
+                                      f"tokens exceed the context length {ctx}; shorten one of them")
+        self._pending.append(seq)
+        return seq.id
+
+    def _check_prompt(self, prompt_ids) -> list[int]:
+        if isinstance(prompt_ids, torch.Tensor):
+            if prompt_ids.dim() != 1 or prompt_ids.dtype.is_floating_point or prompt_ids.dtype == torch.bool:
+                raise TypeError(f"prompt_ids must be one prompt: a 1-D integer tensor or a list of ints, got a "
+                                f"{prompt_ids.dtype} tensor of shape {tuple(prompt_ids.shape)}")
+            prompt_ids = prompt_ids.tolist()
+        if isinstance(prompt_ids, (str, bytes)) or not hasattr(prompt_ids, "__iter__"):
+            raise TypeError(f"prompt_ids must be a list of token ids, got {type(prompt_ids).__name__}; "
+                            "encode text with the tokenizer first")
+        prompt = list(prompt_ids)
+        if not prompt:
+            raise ValueError("prompt_ids is empty; encode at least one token")
+        V = self.config.vocab_size
+        return [check_count(f"prompt_ids[{i}]", tok, 0, V - 1,
+                            hint=f"a token id of this model's vocab (0..{V - 1}); encode with the tokenizer "
+                                 "that matches this model")
+                for i, tok in enumerate(prompt)]
+
+    # -- the clock and the loop --------------------------------------------------------------------
+
+    def clock(self) -> float:
+        """Seconds since the current workload started (0 before it has)."""
+        return 0.0 if self._t0 is None else time.perf_counter() - self._t0
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._pending or self.scheduler.waiting or self.scheduler.running)
+
+    @property
+    def next_arrival_s(self) -> float | None:
+        return min((s.arrival_s for s in self._pending), default=None)
+
+    @torch.inference_mode()
+    def step(self) -> list[RequestResult]:
+        """One scheduler iteration: arrivals join the queue, new requests prefill, the running batch decodes one token.
+
+        Returns the requests that finished in this step.
+        """
+        if not self.busy:
+            return []
+        if self._t0 is None:                 # a new workload: a new clock and a fresh record
+            self._t0 = time.perf_counter()
+            self.finished, self.timeline = [], []
+        done = self._arrive(self.clock())
+        decode = self.scheduler.schedule(self.clock())
+        now, group, joined = self.clock(), [], 0
+        while self.scheduler.waiting:
+            head = self.scheduler.waiting[0]
+            if group and self._must_wait_for(head, group):
+                done += self._forward(group)      # prefill the group first, so head finds its blocks
+                group = []
+            seq = self.scheduler.admit(now)
+            if seq is None:
+                break
+            group.append(seq)
+            joined += 1
+        if group:
+            done += self._forward(group)          # the newcomers' prompts, in one batched prefill
+        if decode:
+            done += self._forward(decode)
+        self.steps += 1
+        self.peak_blocks = max(self.peak_blocks, self.blocks.used)
+        now = self.clock()
+        running = self.scheduler.running
+        self.timeline.append(dict(t=now, running=len(running), waiting=len(self.scheduler.waiting),
+                                  blocks_used=self.blocks.used, blocks_cached=self.blocks.cached,
+                                  kv_tokens=sum(s.n_computed for s in running)))   # positions really stored
+        self.finished += done
+        if not self.busy:
+            self.wall_s, self._t0 = now, None
+        elif not (joined or decode or done) and not self.scheduler.running and self.scheduler.waiting:
+            raise RuntimeError("the scheduler could not admit any waiting request into an empty batch; "
+                               "this is a bug in labutils.serving")
+        return done
+
+    def run(self) -> list[RequestResult]:
+        """Step until every submitted request has finished; their results, by id. Idle gaps sleep until the next arrival."""
+        while self.busy:
+            if not (self.scheduler.waiting or self.scheduler.running) and self._t0 is not None:
+                time.sleep(max(0.0, self.next_arrival_s - self.clock()))
+            self.step()
+        return sorted(self.finished, key=lambda r: r.id)
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _arrive(self, now: float) -> list[RequestResult]:
+        arrived = sorted((s for s in self._pending if s.arrival_s <= now), key=lambda s: (s.arrival_s, s.id))
+        self._pending = [s for s in self._pending if s.arrival_s > now]
+        rejected = []
+        for seq in arrived:
+            if seq.id in self._rejected:
+                rejected.append(seq.result("rejected", self._rejected.pop(seq.id)))
+            else:
+                self.scheduler.add(seq)
+        return rejected
+
+    def _must_wait_for(self, head: Sequence, group: list[Sequence]) -> bool:
+        """Should `head` wait until `group` is prefilled? When the padded batch would grow too big, or
+        when a member is about to write a block of head's prefix: blocks are keyed only once written."""
+        width = max(len(head.tokens), *(len(s.tokens) - s.n_computed for s in group))
+        if width * (len(group) + 1) > MAX_PREFILL_TOKENS:
+            return True
+        if not self.blocks.prefix_caching:
+            return False
+        for s in group:
+            end = (s.n_computed // self.block_size + 1) * self.block_size   # the first block s writes itself
+            if len(s.tokens) >= end and len(head.tokens) > end and head.tokens[:end] == s.tokens[:end]:
+                return True
+        return False
+
+    def _forward(self, seqs: list[Sequence]) -> list[RequestResult]:
+        """Feed each sequence's uncomputed tokens in one forward (shorter rows padded on the left), append the next token."""
+        counts = [len(s.tokens) - s.n_computed for s in seqs]
+        width = max(counts)
+        self.cache.ensure(self.blocks.high_water)
+        ids = torch.tensor([[0] * (width - n) + s.tokens[s.n_computed:] for s, n in zip(seqs, counts)],
+                           device=self.device)
+        view = self.cache.batch([s.table for s in seqs], [s.n_computed for s in seqs], counts)
+        logits = self.model(ids, view, check=False, last_only=True)[:, -1]
+        tokens = pick_token(logits, None).tolist()        # greedy; tolist() waits for the device
+        now = self.clock()
+        done = []
+        for seq, tok, n in zip(seqs, tokens, counts):
+            seq.n_computed += n
+            self.blocks.commit(seq.table, seq.keys, seq.tokens, seq.n_computed)
+            seq.generated.append(tok)
+            seq.timestamps.append(now)
+            if seq.done:
+                self.scheduler.finish(seq, now)
+                done.append(seq.result())
+        return done
+
+    # -- what it did -------------------------------------------------------------------------------
+
+    @property
+    def stats(self) -> dict:
+        """Prefix-cache hits, preemptions and KV-cache memory since the engine was made."""
+        s = self.scheduler
+        return dict(prompt_tokens=s.prompt_tokens, cached_tokens=s.cached_tokens,
+                    hit_rate=s.cached_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,
+                    preemptions=s.preemptions, steps=self.steps, blocks_used=self.blocks.used,
+                    blocks_cached=self.blocks.cached, peak_blocks=self.peak_blocks, n_blocks=self.blocks.n_blocks,
+                    block_bytes=self.cache.block_bytes, kv_bytes_allocated=self.cache.nbytes)
+
+
+def run_workload(engine: Engine, workload: Workload) -> tuple[list[RequestResult], float]:
+    """Submit every request of `workload`, run them, return (results in workload order, wall seconds).
+
+    Each result's id is its request's id, or its index in the workload, as a server client numbers them.
+    """
+    if not isinstance(workload, Workload):
+        raise TypeError(f"workload must be a serving.workload.Workload, got {type(workload).__name__}")
+    if engine.busy:
+        raise RuntimeError("the engine is still serving an earlier workload; call run() first")
+    ids = [engine.submit(r.prompt_ids, r.max_new_tokens, r.arrival_s, r.eos_id) for r in workload]
+    by_id = {r.id: r for r in engine.run()}
+    results = [by_id[i] for i in ids]
+    for index, (r, req) in enumerate(zip(results, workload)):
+        r.id = index if req.id is None else req.id
+    return results, engine.wall_s
+
+
+@dataclass
+class Served:
+    """One workload served by a fresh Engine: every result, its summary and what the engine did."""
+
+    results: list[RequestResult]
+    wall_s: float
+    summary: Summary
+    stats: dict
+    timeline: list[dict]
+
+
+def serve(model, workload: Workload, max_batch_size: int, *, slo=None, **engine_options) -> Served:
+    """Serve `workload` on a new Engine(model, max_batch_size, **engine_options): the lessons' and the dashboard's one call."""
+    engine = Engine(model, max_batch_size, **engine_options)
+    results, wall_s = run_workload(engine, workload)
+    return Served(results, wall_s, summarize(results, wall_s, slo), engine.stats, engine.timeline)
+
+
+__all__ = ["Engine", "Served", "run_workload", "serve"]

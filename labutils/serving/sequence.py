@@ -1,0 +1,50 @@
+"""One request's state inside the engine: its tokens, its block table and its clock readings."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .workload import RequestResult
+
+
+@dataclass
+class Sequence:
+    """A request as the scheduler moves it: waiting -> running (-> preempted -> waiting ...) -> finished.
+
+    `n_computed` counts the positions whose keys and values are in its blocks: the next forward
+    feeds tokens[n_computed:] (the whole prompt at first, one token per decode step).
+    """
+
+    id: int
+    prompt: list[int]
+    max_new_tokens: int
+    arrival_s: float
+    eos_id: int | None = None
+    generated: list[int] = field(default_factory=list)
+    timestamps: list[float] = field(default_factory=list)
+    table: list[int] = field(default_factory=list)       # block ids, in position order
+    keys: list[int] = field(default_factory=list)        # prefix-cache keys of its full blocks
+    n_computed: int = 0
+    cached_tokens: int = 0
+    preemptions: int = 0
+    spans: list[tuple[float, float]] = field(default_factory=list)
+    joined_s: float | None = None                        # when it last joined the running batch
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.generated
+
+    @property
+    def done(self) -> bool:
+        return len(self.generated) >= self.max_new_tokens or (
+            self.eos_id is not None and bool(self.generated) and self.generated[-1] == self.eos_id)
+
+    def result(self, finish_reason: str | None = None, error: str | None = None) -> RequestResult:
+        if finish_reason is None:
+            hit_eos = self.eos_id is not None and self.generated and self.generated[-1] == self.eos_id
+            finish_reason = "stop" if hit_eos else "length"
+        return RequestResult(self.id, self.arrival_s, list(self.generated), list(self.timestamps), finish_reason,
+                             prompt_len=len(self.prompt), error=error, cached_tokens=self.cached_tokens,
+                             spans=list(self.spans))
+
+
+__all__ = ["Sequence"]

@@ -1,0 +1,106 @@
+"""The lesson-09 load dashboard: workload and engine controls, a Run button, the meters and a Gantt of the run."""
+from __future__ import annotations
+
+import html
+
+import ipywidgets as w
+import plotly.graph_objects as go
+
+from ..serving.engine import Served, serve
+from ..serving.figures import gantt_figure
+from ..serving.workload import Workload, make_workload
+
+
+def dashboard_workload(context_length: int, vocab_size: int, *, n_requests: int, rate: float | None, prompt_len,
+                       output_len, system_prompt_len: int = 0, seed: int = 0) -> Workload:
+    """The dashboard's workload; refuses settings where not even the shortest request fits the context."""
+    shortest = system_prompt_len + prompt_len[0] + output_len[0]
+    if shortest > context_length:
+        raise ValueError(f"the shortest request (shared prefix {system_prompt_len} + prompt {prompt_len[0]} + "
+                         f"output {output_len[0]} = {shortest} tokens) exceeds the model's context of "
+                         f"{context_length}; lower the shared prefix or the low ends of the length ranges")
+    return make_workload(n_requests, vocab_size=vocab_size, prompt_len=prompt_len, output_len=output_len,
+                         rate=rate, system_prompt_len=system_prompt_len, seed=seed)
+
+
+def meters_html(served: Served) -> str:
+    """The run's meters as a small HTML table: TTFT and TPOT p50/p99, throughput, cache hit rate."""
+    s, st = served.summary, served.stats
+    rows = [("TTFT p50 / p99", f"{s.ttft_s.p50 * 1e3:,.1f} / {s.ttft_s.p99 * 1e3:,.1f} ms"),
+            ("TPOT p50 / p99", f"{s.tpot_s.p50 * 1e3:,.1f} / {s.tpot_s.p99 * 1e3:,.1f} ms"),
+            ("throughput", f"{s.output_tok_s:,.0f} output tokens/s ({s.request_per_s:.1f} requests/s)"),
+            ("prefix-cache hit rate", f"{st['hit_rate']:.0%} of prompt tokens"),
+            ("requests", f"{s.n_completed} of {s.n_requests} completed in {s.wall_s:.2f} s; "
+                         f"{st['preemptions']} preemptions")]
+    cells = "".join(f"<tr><td style='padding-right:16px'>{k}</td><td><b>{v}</b></td></tr>" for k, v in rows)
+    return f"<table>{cells}</table>"
+
+
+class ServingDashboard(w.VBox):
+    """Controls for a seeded workload and an Engine; Run serves it and shows the meters and a Gantt.
+
+    A thin view over dashboard_workload and serving.engine.serve. Errors go to the status line,
+    never out of a callback, and the last good results stay.
+    """
+
+    def __init__(self, model, *, n_requests: int = 24, seed: int = 0, serve_fn=serve):
+        self.model, self.seed, self._serve = model, seed, serve_fn
+        ctx = model.config.context_length
+        style, wide = {"description_width": "110px"}, w.Layout(width="440px")
+        self.rate = w.FloatLogSlider(value=50, base=10, min=0, max=3, step=0.05, description="arrivals / s",
+                                     style=style, layout=wide)
+        self.at_once = w.Checkbox(value=False, description="all at t=0", indent=False)
+        self.slots = w.IntSlider(value=8, min=1, max=64, description="batch slots", style=style, layout=wide)
+        self.prompt = w.IntRangeSlider(value=(8, min(64, ctx // 2)), min=1, max=ctx, description="prompt tokens",
+                                       style=style, layout=wide)
+        self.output = w.IntRangeSlider(value=(8, min(64, ctx // 4)), min=1, max=ctx, description="output tokens",
+                                       style=style, layout=wide)
+        self.prefix = w.IntSlider(value=0, min=0, max=ctx, step=16, description="shared prefix",
+                                  style=style, layout=wide)
+        self.caching = w.Checkbox(value=True, description="prefix caching", indent=False)
+        self.requests = w.IntSlider(value=n_requests, min=1, max=128, description="requests", style=style, layout=wide)
+        self.button = w.Button(description="Run workload", button_style="primary", icon="play")
+        self.status, self.meters = w.HTML(), w.HTML()
+        self.fig = go.FigureWidget(gantt_figure([]))
+        self.fig.layout.width = 880
+        self.served: Served | None = None
+        self.button.on_click(lambda _: self.run())
+        controls = w.HBox([w.VBox([self.rate, self.slots, self.requests, self.caching]),
+                           w.VBox([self.prompt, self.output, self.prefix, self.at_once])])
+        super().__init__([controls, w.HBox([self.button, self.status]), self.meters, self.fig])
+
+    def workload(self) -> Workload:
+        cfg = self.model.config
+        return dashboard_workload(cfg.context_length, cfg.vocab_size, n_requests=self.requests.value,
+                                  rate=None if self.at_once.value else self.rate.value,
+                                  prompt_len=tuple(self.prompt.value), output_len=tuple(self.output.value),
+                                  system_prompt_len=self.prefix.value, seed=self.seed)
+
+    def run(self) -> Served | None:
+        """Serve the controls' workload; show its meters and Gantt, or say what went wrong."""
+        try:
+            self.status.value = "&#9203; serving ..."
+            wl = self.workload()
+            served = self._serve(self.model, wl, self.slots.value, prefix_caching=self.caching.value)
+            self.served = served
+            self.meters.value = meters_html(served)
+            new = gantt_figure(served.results, f"{len(wl)} requests, {self.slots.value} batch slots")
+            with self.fig.batch_update():
+                self.fig.data = ()
+                for trace in new.data:
+                    self.fig.add_trace(trace)
+                self.fig.layout.title, self.fig.layout.height = new.layout.title, new.layout.height
+                self.fig.layout.yaxis.showticklabels = new.layout.yaxis.showticklabels
+        except Exception as err:               # the view must survive anything a setting can cause
+            self.status.value = (f"<span style='color:#b00020'><b>Could not serve this workload:</b> "
+                                 f"{html.escape(str(err))}</span> <i>(the results below are from the last good run)</i>")
+            return None
+        rejected = [r for r in served.results if r.finish_reason == "rejected"]
+        note = (f"; {len(rejected)} rejected: {html.escape(rejected[0].error)}" if rejected else "")
+        self.status.value = f"{html.escape(wl.description)}{note}"
+        return served
+
+
+def serving_dashboard(model, **kwargs) -> ServingDashboard:
+    """The lesson-09 load dashboard over `model` (n_requests=, seed= set the workload's size and seed)."""
+    return ServingDashboard(model, **kwargs)

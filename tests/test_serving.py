@@ -1,0 +1,386 @@
+"""The serving engine: batched greedy tokens equal solo generate(), the prefix cache is really used, scheduling, bad input."""
+import dataclasses
+import math
+import random
+import time
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from labutils.generate import generate
+from labutils.serving import blocks as blocks_mod
+from labutils.serving import engine as engine_mod
+from labutils.serving.engine import Engine, run_workload
+from labutils.serving.workload import make_workload
+
+from test_generate import CTX, VOCAB, count_forwards, make_model
+
+MODELS = {}
+
+
+def model(n_kv_head=4, gated=False, seed=0):
+    key = (n_kv_head, gated, seed)
+    if key not in MODELS:
+        MODELS[key] = make_model(n_kv_head, gated, seed=seed)
+    return MODELS[key]
+
+
+def solo(m, prompt, n, eos_id=None):
+    """The request run alone through generate(), cut at the first EOS as the engine stops there."""
+    tokens = generate(m, prompt, n).tokens[0].tolist()
+    if eos_id is not None and eos_id in tokens:
+        tokens = tokens[:tokens.index(eos_id) + 1]
+    return tokens
+
+
+def max_batch_seen(engine):
+    return max(row["running"] for row in engine.timeline)
+
+
+# --- batched == solo ---------------------------------------------------------------------------------
+
+@settings(max_examples=12)
+@given(data=st.data(), max_batch=st.integers(1, 5), block_size=st.sampled_from([1, 4, 16]),
+       mode=st.sampled_from(["continuous", "static"]), caching=st.booleans(), kind=st.sampled_from([0, 1, 2]))
+def test_every_request_gets_its_solo_greedy_tokens(data, max_batch, block_size, mode, caching, kind):
+    """Random prompt lengths (some sharing a prefix), output lengths, arrival times and batch limits."""
+    m = model(*[(4, False, 0), (2, False, 1), (1, True, 2)][kind])
+    rng = random.Random(data.draw(st.integers(0, 10**6)))
+    shared = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 40))]
+    engine = Engine(m, max_batch, block_size=block_size, prefix_caching=caching, mode=mode)
+    requests = []
+    for _ in range(rng.randint(2, 7)):
+        prompt = (shared if rng.random() < 0.5 else []) + [rng.randrange(VOCAB) for _ in range(rng.randint(1, 30))]
+        n = rng.randint(1, min(30, CTX - len(prompt)))
+        requests.append((prompt, n))
+        engine.submit(prompt, n, arrival_s=rng.choice([0.0, 0.0, rng.uniform(0, 0.02)]))
+    results = engine.run()
+    assert [r.id for r in results] == list(range(len(requests)))
+    for r, (prompt, n) in zip(results, requests):
+        assert r.finish_reason == "length" and r.tokens == solo(m, prompt, n), r.id
+        assert len(r.timestamps) == n and r.prompt_len == len(prompt)
+    assert max_batch_seen(engine) <= max_batch
+    assert engine.blocks.used == 0                        # every block came back
+
+
+def test_requests_really_decode_side_by_side_at_their_own_positions():
+    """Equality above means little if every batch held one request: check that rows at different
+    positions shared one forward, and that the model wandered (varied tokens)."""
+    m = model()
+    shapes, handle = count_forwards(m)
+    engine = Engine(m, 4)
+    prompts = [list(range(5)), list(range(10, 30)), list(range(40, 43)), list(range(50, 61))]
+    for p in prompts:
+        engine.submit(p, 40)
+    try:
+        results = engine.run()
+    finally:
+        handle.remove()
+    assert shapes[0] == (4, 20)                           # one prefill for all four, padded to the longest ...
+    assert set(shapes[1:]) == {(4, 1)}                    # ... then decode steps with 4 rows
+    for r, p in zip(results, prompts):
+        assert r.tokens == solo(m, p, 40)
+        assert len(set(r.tokens)) >= 8, f"random model degenerated to {r.tokens}"
+
+
+def test_a_padded_prefill_row_leaves_its_cached_prefix_alone():
+    """A short row (its prefix cached) prefilled beside a long one is padded on the left; the padding
+    must write to the scratch block, never into the row's blocks or the shared prefix."""
+    m = model()
+    system = [(5 * i) % VOCAB for i in range(40)]
+    engine = Engine(m, 4)
+    engine.submit(system + [1], 3)
+    engine.run()
+    shapes, handle = count_forwards(m)
+    for p in (system + [2], list(range(50, 80)), system + [3]):
+        engine.submit(p, 12)
+    try:
+        results = engine.run()
+    finally:
+        handle.remove()
+    assert shapes[0] == (3, 30) and [r.cached_tokens for r in results] == [32, 0, 32]
+    assert [r.tokens for r in results] == [solo(m, p, 12) for p in (system + [2], list(range(50, 80)), system + [3])]
+    assert engine.cache.blocks_allocated >= engine.blocks.high_water     # no table points at the scratch block
+
+
+def test_a_prefill_too_big_for_one_forward_is_split(monkeypatch):
+    monkeypatch.setattr(engine_mod, "MAX_PREFILL_TOKENS", 40)
+    m = model()
+    prompts = [list(range(i, i + 15)) for i in range(5)]
+    shapes, handle = count_forwards(m)
+    engine = Engine(m, 5)
+    for p in prompts:
+        engine.submit(p, 6)
+    try:
+        results = engine.run()
+    finally:
+        handle.remove()
+    assert shapes[:3] == [(2, 15), (2, 15), (1, 15)]          # at most 40 padded tokens per prefill
+    assert [r.tokens for r in results] == [solo(m, p, 6) for p in prompts]
+
+
+def test_preemption_by_recompute_keeps_the_tokens():
+    m = model(2, False, 1)
+    block_bytes = Engine(m, 1, block_size=4).cache.block_bytes
+    engine = Engine(m, 4, block_size=4, kv_budget_bytes=30 * block_bytes)   # 30 blocks: 4 x 46 positions need 48
+    prompts = [[(7 * i + j) % VOCAB for j in range(6 + i)] for i in range(4)]
+    for p in prompts:
+        engine.submit(p, 40)
+    results = engine.run()
+    assert engine.stats["preemptions"] > 0
+    for r, p in zip(results, prompts):
+        assert r.tokens == solo(m, p, 40)
+    preempted = [r for r in results if len(r.spans) > 1]
+    assert preempted and all(a[1] <= b[0] for r in preempted for a, b in zip(r.spans, r.spans[1:]))
+
+
+def test_eos_ends_a_request_early_with_finish_reason_stop():
+    m = model()
+    prompt = list(range(8))
+    full = solo(m, prompt, 30)
+    eos = full[10]
+    engine = Engine(m, 2)
+    engine.submit(prompt, 30, eos_id=eos)
+    engine.submit(list(range(20, 30)), 5)
+    stopped, other = engine.run()
+    assert stopped.finish_reason == "stop" and stopped.tokens == full[:full.index(eos) + 1]
+    assert other.finish_reason == "length" and len(other.tokens) == 5
+
+
+# --- the prefix cache is used, and never covers a whole prompt ---------------------------------------
+
+def test_a_shared_prefix_is_served_from_the_cache():
+    m = model()
+    system = [(3 * i) % VOCAB for i in range(40)]          # 2 full blocks of 16, and 8 more tokens
+    engine = Engine(m, 2)
+    engine.submit(system + [1, 2, 3], 10)
+    first, = engine.run()
+    shapes, handle = count_forwards(m)
+    engine.submit(system + [4, 5], 10)
+    try:
+        second, = engine.run()
+    finally:
+        handle.remove()
+    assert first.cached_tokens == 0 and second.cached_tokens == 32
+    assert shapes[0] == (1, len(system) + 2 - 32)           # the prefill fed only the uncached tokens
+    assert second.tokens == solo(m, system + [4, 5], 10)
+    assert engine.stats["cached_tokens"] == 32 and engine.stats["hit_rate"] == 32 / (43 + 42)
+
+
+def test_requests_joining_in_one_step_reuse_the_prefix_the_first_one_just_wrote():
+    m = model()
+    system = list(range(40))
+    engine = Engine(m, 4)
+    for tail in range(4):
+        engine.submit(system + [50 + tail], 4)
+    results = engine.run()
+    assert [r.cached_tokens for r in results] == [0, 32, 32, 32]
+    assert engine.peak_blocks == 3 + 3 * 1      # the first request's 3 blocks, then 1 own block each
+    assert all(r.tokens == solo(m, system + [50 + i], 4) for i, r in enumerate(results))
+
+
+def test_the_cached_blocks_are_really_read():
+    """Corrupt the cached prefix: the next request that reuses it must change (the cache is not decoration)."""
+    m = model()
+    system = list(range(32))
+    engine = Engine(m, 1)
+    engine.submit(system + [50], 12)
+    engine.run()
+    with torch.inference_mode():                           # the engine made its storage in inference mode
+        engine.cache.k.mul_(-1.0)
+    engine.submit(system + [60], 12)
+    corrupted, = engine.run()
+    assert corrupted.cached_tokens == 32 and corrupted.tokens != solo(m, system + [60], 12)
+
+
+def test_an_identical_prompt_of_whole_blocks_still_prefills_its_last_block():
+    """nano-vllm issue 144: a fully cached prompt would leave nothing to prefill."""
+    m = model()
+    prompt = list(range(32))                               # exactly two blocks
+    engine = Engine(m, 2)
+    engine.submit(prompt, 8)
+    engine.run()
+    shapes, handle = count_forwards(m)
+    engine.submit(prompt, 8)
+    try:
+        again, = engine.run()
+    finally:
+        handle.remove()
+    assert again.cached_tokens == 16 and shapes[0] == (1, 16)
+    assert again.tokens == solo(m, prompt, 8)
+
+
+def test_prefix_caching_off_and_budget_zero_cache_nothing():
+    m = model()
+    system = list(range(40))
+    for kwargs in (dict(prefix_caching=False), dict(kv_budget_bytes=0)):
+        engine = Engine(m, 2, **kwargs)
+        for tail in ([1], [2], [3]):
+            engine.submit(system + tail, 6)
+        results = engine.run()
+        assert engine.stats["cached_tokens"] == 0 and engine.blocks.cached == 0, kwargs
+        assert all(r.tokens == solo(m, system + t, 6) for r, t in zip(results, ([1], [2], [3])))
+
+
+def test_hash_collisions_never_reuse_the_wrong_blocks(monkeypatch):
+    monkeypatch.setattr(blocks_mod, "block_hash", lambda parent, tokens: 7)
+    m = model()
+    engine = Engine(m, 2)
+    a, b = list(range(40)), list(range(40, 80))
+    for p in (a, b, a):
+        engine.submit(p, 6)
+    results = engine.run()
+    assert [r.tokens for r in results] == [solo(m, p, 6) for p in (a, b, a)]
+
+
+# --- scheduling: continuous vs static, arrivals, clocks -----------------------------------------------
+
+def spans_of(results):
+    return {r.id: r.spans for r in results}
+
+
+@pytest.mark.parametrize("mode", ["continuous", "static"])
+def test_continuous_fills_a_free_slot_at_once_and_static_waits_for_the_batch(mode):
+    m = model()
+    engine = Engine(m, 2, mode=mode)
+    short, long_, waiting = engine.submit([1, 2, 3], 3), engine.submit([4, 5, 6], 30), engine.submit([7, 8, 9], 3)
+    results = engine.run()
+    s = spans_of(results)
+    joined_waiting, left_short, left_long = s[waiting][0][0], s[short][0][1], s[long_][0][1]
+    assert left_short < left_long
+    if mode == "continuous":
+        assert left_short <= joined_waiting < left_long        # took the short request's slot
+    else:
+        assert joined_waiting >= left_long                      # waited for the whole batch
+    assert [r.tokens for r in results] == [solo(m, p, n) for p, n in (([1, 2, 3], 3), ([4, 5, 6], 30), ([7, 8, 9], 3))]
+
+
+def test_arrivals_follow_the_real_clock_and_ttft_counts_from_arrival():
+    m = model()
+    engine = Engine(m, 4)
+    engine.submit([1, 2, 3], 5, arrival_s=0.0)
+    late = engine.submit([4, 5, 6], 5, arrival_s=0.08)
+    t0 = time.perf_counter()
+    results = engine.run()
+    wall = time.perf_counter() - t0
+    r = results[late]
+    assert r.arrival_s == 0.08 and r.timestamps[0] >= 0.08
+    assert math.isclose(r.ttft_s, r.timestamps[0] - 0.08)
+    assert math.isclose(r.latency_s, r.timestamps[-1] - 0.08)
+    assert math.isclose(r.tpot_s, (r.timestamps[-1] - r.timestamps[0]) / 4)
+    assert r.itl_s == pytest.approx([b - a for a, b in zip(r.timestamps, r.timestamps[1:])])
+    assert all(b >= a for a, b in zip(r.timestamps, r.timestamps[1:]))
+    assert 0.08 <= max(x.timestamps[-1] for x in results) <= engine.wall_s <= wall
+
+
+def test_step_by_step_and_a_second_workload_on_a_fresh_clock():
+    m = model()
+    engine = Engine(m, 2)
+    assert engine.step() == [] and not engine.busy
+    engine.submit([1, 2], 2)
+    engine.submit([3, 4], 1)
+    first = engine.step()                   # both prefill; the one-token request is done at once
+    assert [r.id for r in first] == [1] and engine.busy
+    second = engine.step()
+    assert [r.id for r in second] == [0] and not engine.busy
+    engine.submit([5, 6], 2)
+    (r,) = engine.run()
+    assert r.id == 2 and r.timestamps[0] < first[0].timestamps[0] + 1.0   # a new clock, from 0 again
+    assert [x.id for x in engine.finished] == [2]
+
+
+def test_run_workload_drives_the_engine_with_a_workload():
+    m = model()
+    wl = make_workload(6, vocab_size=VOCAB, prompt_len=(4, 20), output_len=(2, 8), rate=500.0, seed=1)
+    engine = Engine(m, 3)
+    for _ in range(2):                               # a second workload on the same engine numbers from 0 again
+        results, wall_s = run_workload(engine, wl)
+        assert [r.id for r in results] == list(range(6)) and wall_s > 0
+        for r, req in zip(results, wl):
+            assert r.arrival_s == req.arrival_s and r.tokens == solo(m, list(req.prompt_ids), req.max_new_tokens)
+    named = dataclasses.replace(wl, requests=tuple(dataclasses.replace(r, id=100 + i) for i, r in enumerate(wl)))
+    assert [r.id for r in run_workload(engine, named)[0]] == list(range(100, 106))
+
+
+def test_storage_grows_with_the_load_not_the_worst_case():
+    m = model()
+    engine = Engine(m, 8)
+    engine.submit([1, 2, 3], 4)
+    engine.run()
+    stats = engine.stats
+    assert stats["kv_bytes_allocated"] == stats["block_bytes"] * (engine.cache.blocks_allocated + 1)   # + scratch
+    assert engine.cache.blocks_allocated < stats["n_blocks"] == 8 * math.ceil(CTX / 16)
+
+
+# --- bad input -----------------------------------------------------------------------------------------
+
+def test_a_request_longer_than_the_context_is_rejected_and_the_others_go_on():
+    m = model()
+    engine = Engine(m, 2)
+    engine.submit([1, 2, 3], 4)
+    bad = engine.submit(list(range(CTX - 2)), 5)
+    engine.submit([4, 5], 4)
+    results = engine.run()
+    assert results[bad].finish_reason == "rejected" and results[bad].tokens == []
+    assert f"exceed the context length {CTX}" in results[bad].error and "shorten" in results[bad].error
+    assert math.isnan(results[bad].ttft_s)
+    assert [r.finish_reason for r in results if r.id != bad] == ["length", "length"]
+
+
+@pytest.mark.parametrize("kwargs, exc, match", [
+    (dict(max_batch_size=0), ValueError, "max_batch_size must be >= 1, got 0"),
+    (dict(max_batch_size=2.5), TypeError, "max_batch_size must be an int"),
+    (dict(block_size=0), ValueError, "block_size must be >= 1"),
+    (dict(block_size=CTX + 1), ValueError, f"block_size must be <= {CTX}"),
+    (dict(kv_budget_bytes=-1), ValueError, "kv_budget_bytes must be >= 0"),
+    (dict(mode="fifo"), ValueError, r"unknown mode 'fifo'; choose one of \['continuous', 'static'\]"),
+    (dict(prefix_caching="yes"), TypeError, "prefix_caching must be True or False"),
+])
+def test_bad_engine_settings(kwargs, exc, match):
+    kwargs = {"max_batch_size": 2, **kwargs}
+    with pytest.raises(exc, match=match):
+        Engine(model(), **kwargs)
+
+
+def test_not_a_model():
+    with pytest.raises(TypeError, match="model must be a labutils GPT"):
+        Engine("gpt2", 2)
+
+
+@pytest.mark.parametrize("args, kwargs, exc, match", [
+    (([], 4), {}, ValueError, "prompt_ids is empty"),
+    (("hello", 4), {}, TypeError, "encode text with the tokenizer"),
+    (([1.5, 2], 4), {}, TypeError, r"prompt_ids\[0\] must be an int"),
+    (([1, VOCAB], 4), {}, ValueError, rf"prompt_ids\[1\] must be <= {VOCAB - 1}, got {VOCAB}; a token id"),
+    ((torch.zeros(2, 3, dtype=torch.long), 4), {}, TypeError, "one prompt"),
+    (([1, 2], 0), {}, ValueError, "max_new_tokens must be >= 1"),
+    (([1, 2], 4), dict(arrival_s=-1), ValueError, "arrival_s must be a finite number >= 0"),
+    (([1, 2], 4), dict(arrival_s=1e9), ValueError, "arrival_s must be a finite number >= 0 and <= 3600"),
+    (([1, 2], 4), dict(eos_id=VOCAB), ValueError, f"eos_id must be <= {VOCAB - 1}"),
+])
+def test_bad_requests_are_refused_at_submit(args, kwargs, exc, match):
+    engine = Engine(model(), 2)
+    with pytest.raises(exc, match=match):
+        engine.submit(*args, **kwargs)
+    assert not engine.busy
+
+
+def test_a_tensor_prompt_is_accepted():
+    engine = Engine(model(), 1)
+    engine.submit(torch.tensor([1, 2, 3]), 3)
+    (r,) = engine.run()
+    assert r.tokens == solo(model(), [1, 2, 3], 3)
+
+
+@pytest.mark.gpu
+def test_gpu_engine_gives_the_solo_tokens():
+    m = model(2, False, 1).float().cuda()
+    prompts = [list(range(i, i + 5 + 3 * i)) for i in range(4)]
+    engine = Engine(m, 4, block_size=4)
+    for p in prompts:
+        engine.submit(p, 30)
+    results = engine.run()
+    assert engine.cache.k.device.type == "cuda" and max_batch_seen(engine) == 4
+    assert [r.tokens for r in results] == [solo(m, p, 30) for p in prompts]

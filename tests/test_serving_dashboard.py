@@ -1,0 +1,78 @@
+"""The load dashboard, driven headless: a run shows the engine's meters and a Gantt; errors stay in the widget."""
+import html
+
+import pytest
+
+from labutils.serving.engine import serve
+from labutils.widgets import ServingDashboard, serving_dashboard
+from labutils.widgets.serving_dashboard import dashboard_workload
+
+from test_generate import make_model
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_model(seed=3)         # context 96
+
+
+def test_a_run_serves_the_controls_workload_and_shows_the_meters(model):
+    calls = []
+
+    def spy(m, wl, slots, **kw):
+        calls.append((wl, slots, kw))
+        return serve(m, wl, slots, **kw)
+
+    dash = ServingDashboard(model, n_requests=6, serve_fn=spy)
+    dash.slots.value, dash.at_once.value = 3, True
+    dash.prompt.value, dash.output.value, dash.prefix.value = (4, 12), (2, 6), 32
+    served = dash.button.click() or dash.served
+    wl, slots, kw = calls[-1]
+    assert slots == 3 and kw == {"prefix_caching": True} and len(wl) == 6
+    assert all(r.arrival_s == 0 for r in wl) and len({r.prompt_ids[:32] for r in wl}) == 1
+    assert served.summary.n_completed == 6 and served.stats["hit_rate"] > 0
+    for text in ("TTFT p50 / p99", "TPOT p50 / p99", "output tokens/s", "hit rate", "6 of 6 completed"):
+        assert text in dash.meters.value
+    assert "6 requests" in dash.status.value and "Could not" not in dash.status.value
+    bars = {t.name: t for t in dash.fig.data}
+    assert set(bars) == {"waiting", "in the batch"} and len(bars["in the batch"].x) == 6
+
+    dash.caching.value = False
+    off = dash.run()
+    assert off.stats["hit_rate"] == 0 and calls[-1][2] == {"prefix_caching": False}
+
+
+def test_an_impossible_setting_is_explained_in_the_widget_and_the_last_results_stay(model):
+    dash = serving_dashboard(model, n_requests=3)
+    dash.at_once.value = True
+    dash.prompt.value, dash.output.value = (4, 8), (2, 4)
+    assert dash.run() is not None
+    good = dash.meters.value
+    dash.prefix.value = 96                           # nothing fits the 96-token context now
+    assert dash.run() is None
+    status = html.unescape(dash.status.value)
+    assert "exceeds the model's context of 96" in status and "lower the shared prefix" in status
+    assert dash.meters.value == good
+
+
+def test_too_long_requests_are_reported_as_rejected(model):
+    dash = ServingDashboard(model, n_requests=8)
+    dash.at_once.value = True
+    dash.prompt.value, dash.output.value = (70, 95), (1, 16)
+    served = dash.run()
+    rejected = [r for r in served.results if r.finish_reason == "rejected"]
+    assert rejected and len(rejected) < 8 and f"{len(rejected)} rejected" in dash.status.value
+    assert "context length" in dash.status.value and served.summary.n_completed == 8 - len(rejected)
+
+
+def test_an_engine_error_never_escapes_the_button(model):
+    def broken(*a, **k):
+        raise RuntimeError("engine exploded")
+
+    dash = ServingDashboard(model, n_requests=2, serve_fn=broken)
+    dash.button.click()
+    assert "engine exploded" in dash.status.value
+
+
+def test_dashboard_workload_checks_the_context():
+    with pytest.raises(ValueError, match="shortest request"):
+        dashboard_workload(64, 10, n_requests=2, rate=None, prompt_len=(40, 50), output_len=(30, 40))
