@@ -44,8 +44,9 @@ def _cache_bytes(config, batch_size: int, max_len: int, dtype: torch.dtype) -> i
 def does_not_fit(config, batch_size, max_len, device, dtype, free=None) -> str:
     """The message for a cache that memory cannot hold: its size, what is free, and what to shrink."""
     need = _cache_bytes(config, batch_size, max_len, dtype)
+    size = f"{need / 2**30:,.1f} GiB" if need >= 2**30 else f"{need / 2**20:,.1f} MiB"
     room = f" ({free / 2**30:,.1f} GiB free)" if free is not None else ""
-    return (f"a KV cache of {need / 2**30:,.1f} GiB (batch_size={batch_size} x max_len={max_len}, {dtype}) does not "
+    return (f"a KV cache of {size} (batch_size={batch_size} x max_len={max_len}, {dtype}) does not "
             f"fit on {torch.device(device or 'cpu')}{room}. Ask for a smaller batch_size or max_len (fewer new "
             "tokens), or a 16-bit dtype")
 
@@ -55,6 +56,18 @@ class KVBuffers:
 
     k: torch.Tensor
     v: torch.Tensor
+
+    def _allocate(self, config, batch_size: int, max_len: int, device, dtype, make=torch.empty) -> None:
+        """Both buffers, made with `make` (torch.empty or torch.zeros); out of memory says what to shrink."""
+        shape = (config.n_layer, batch_size, config.n_kv_head, max_len, config.head_dim)
+        try:
+            self.k = make(shape, device=device, dtype=dtype)
+            self.v = make(shape, device=device, dtype=dtype)
+        except (RuntimeError, MemoryError) as err:
+            from .hardware import is_oom
+            if not is_oom(err):
+                raise
+            raise DoesNotFitError(does_not_fit(config, batch_size, max_len, device, dtype)) from None
 
     @property
     def nbytes(self) -> int:
@@ -90,16 +103,8 @@ class KVCache(KVBuffers):
     def __init__(self, config, batch_size: int = 1, max_len: int | None = None,
                  device=None, dtype=torch.float32):
         batch_size, max_len, device, dtype = cache_args(config, batch_size, max_len, device, dtype)
-        shape = (config.n_layer, batch_size, config.n_kv_head, max_len, config.head_dim)
-        try:
-            # empty, not zeros: attention only ever reads positions < pos, which have been written.
-            self.k = torch.empty(shape, device=device, dtype=dtype)
-            self.v = torch.empty(shape, device=device, dtype=dtype)
-        except (RuntimeError, MemoryError) as err:
-            from .hardware import is_oom
-            if not is_oom(err):
-                raise
-            raise DoesNotFitError(does_not_fit(config, batch_size, max_len, device, dtype)) from None
+        # empty, not zeros: attention only ever reads positions < pos, which have been written.
+        self._allocate(config, batch_size, max_len, device, dtype, torch.empty)
         self.batch_size, self.max_len = batch_size, max_len
         self.pos = 0
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import torch
 
 from .kvcache import KVBuffers, cache_args
-from .roofline import kv_cache_bytes
 
 
 class StaticKVCache(KVBuffers):
@@ -23,18 +22,7 @@ class StaticKVCache(KVBuffers):
     def __init__(self, config, batch_size: int = 1, max_len: int | None = None, device=None,
                  dtype=torch.float32):
         batch_size, max_len, device, dtype = cache_args(config, batch_size, max_len, device, dtype)
-        shape = (config.n_layer, batch_size, config.n_kv_head, max_len, config.head_dim)
-        try:
-            self.k = torch.zeros(shape, device=device, dtype=dtype)
-            self.v = torch.zeros(shape, device=device, dtype=dtype)
-        except (MemoryError, RuntimeError) as err:
-            from .hardware import is_oom
-            if not is_oom(err):
-                raise
-            need = kv_cache_bytes(config, max_len, batch_size, dtype)
-            reason = f"a static KV cache of {need / 2**20:,.0f} MiB (batch {batch_size} x {max_len} positions)"
-            raise MemoryError(f"{reason} does not fit on {device or 'cpu'}. Ask for fewer new tokens, a "
-                              "smaller batch, or a 16-bit dtype.") from None
+        self._allocate(config, batch_size, max_len, device, dtype, torch.zeros)
         self.pos = torch.zeros((), dtype=torch.long, device=self.k.device)
         self._key_pos = torch.arange(max_len, device=self.k.device)   # made once: no per-step arange
         self.batch_size, self.max_len = batch_size, max_len
