@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 
 from ..roofline import (kv_bytes_per_token, kv_cache_bytes, kv_positions, sliding_window,
                         tokens_where_cache_exceeds_weights, weight_bytes)
-from ..presets import PRESETS, get_shape
+from ..presets import PRESETS, ModelShape, get_shape
 from ..validate import check_count, check_dtype
 
 CACHE_DTYPES = ("fp16", "bf16", "fp8", "int8")
@@ -66,10 +66,13 @@ def summary_text(s: dict) -> str:
     return " ".join(lines)
 
 
-def cache_curve(preset: str, batch: int = 1, dtype: str = "fp16", points: int = 129) -> tuple[list[int], list[float]]:
-    """Context lengths from 0 to the preset's context and the cache GB at each: a straight line, flat past a
-    sliding window (the window itself is one of the points, so the bend is drawn where it is)."""
-    shape = get_shape(preset)
+def cache_curve(preset, batch: int = 1, dtype: str = "fp16", points: int = 129) -> tuple[list[int], list[float]]:
+    """Context lengths from 0 to the model's context and the cache GB at each: a straight line, flat past a
+    sliding window (the window itself is one of the points, so the bend is drawn where it is).
+
+    `preset` is a preset name or a ModelShape (a variant such as shape.with_kv_heads(1)).
+    """
+    shape = preset if isinstance(preset, ModelShape) else get_shape(preset)
     batch, points = check_count("batch", batch, 1), check_count("points", points, 2)
     xs = {round(i * shape.context_length / (points - 1)) for i in range(points)}
     window = sliding_window(shape)
