@@ -7,6 +7,7 @@ from plotly.subplots import make_subplots
 
 from .roofline import weight_bytes
 from .validate import check_count, describe
+from .widgets.kv_calculator import cache_curve       # the calculator's own curve, so both draw the same line
 
 EMPTY, PROMPT, DECODED = 0, 1, 2          # what a slot holds, as the heatmap colours it
 GB = 1e9                                  # decimal, as the calculator quotes it
@@ -68,7 +69,6 @@ def cache_vs_context_figure(shapes, points: int = 65, weights_of: int = 2) -> go
     """One sequence's fp16 cache (GB) against context for each shape, drawn up to that model's own context
     (a sliding window shows as a flat line), with the fp16 weights of the first `weights_of` as dotted lines."""
     points, weights_of = check_count("points", points, 2), check_count("weights_of", weights_of, 0)
-    from .widgets.kv_calculator import cache_curve       # the calculator's own curve, so both draw the same
     fig = go.Figure()
     for m in shapes:
         ctx, gb = cache_curve(m, 1, "fp16", points)

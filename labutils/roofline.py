@@ -173,11 +173,12 @@ def _kv_dtype(x, dtype):
 def flops_per_token(x, pos: int = 0) -> int:
     """FLOPs of one decode token: 2 x (block + output-layer weights) + 4 x n_layer x pos x n_embd (attention).
 
-    `pos` is how many keys the token attends to (its own included), at most a sliding window. pos=0 gives the classic
-    "2 FLOPs per parameter per token" with the attention term left out.
+    `pos` is how many keys the token attends to (its own included), capped at a sliding window. pos=0 gives
+    the classic "2 FLOPs per parameter per token" with the attention term left out.
     """
+    pos = check_count("pos", pos, 0)
     c = counts(x)
-    return 2 * (c.body_params + c.head_params) + 4 * c.n_layer * kv_positions(x, check_count("pos", pos, 0)) * c.n_embd
+    return 2 * (c.body_params + c.head_params) + 4 * c.n_layer * kv_positions(x, pos) * c.n_embd
 
 
 def prefill_flops(x, prompt_len: int, batch: int = 1) -> int:
@@ -324,6 +325,7 @@ def mfu(flops: float, seconds: float, peak_flops: float, *, warn: bool = True) -
 
 
 __all__ = ["Counts", "arithmetic_intensity", "attainable_flops", "counts", "decode_bytes", "decode_flops",
-           "decode_floor_s", "decode_step_s", "flops_per_token", "knee_batch", "kv_bytes_per_token", "kv_cache_bytes", "kv_positions", "linear_bytes",
-           "linear_flops", "mbu", "mean_decode_pos", "mfu", "prefill_bytes", "prefill_flops", "prefill_floor_s", "sliding_window", "step_weight_bytes",
+           "decode_floor_s", "decode_step_s", "flops_per_token", "knee_batch", "kv_bytes_per_token", "kv_cache_bytes",
+           "kv_positions", "linear_bytes", "linear_flops", "mbu", "mean_decode_pos", "mfu", "prefill_bytes",
+           "prefill_flops", "prefill_floor_s", "sliding_window", "step_weight_bytes",
            "tokens_where_cache_exceeds_weights", "weight_bytes"]
