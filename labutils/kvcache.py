@@ -4,6 +4,8 @@ Its byte counts live in labutils.roofline (kv_cache_bytes, kv_bytes_per_token).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from .validate import DEVICE_KINDS, DoesNotFitError, check_count, check_device, check_torch_dtype
@@ -35,6 +37,10 @@ def cache_args(config, batch_size, max_len, device, dtype):
 def _cache_bytes(config, batch_size: int, max_len: int, dtype: torch.dtype) -> int:
     from .dtypes import TORCH_DTYPES
     from .roofline import kv_cache_bytes
+    if getattr(config, "sliding_window", None) is not None:
+        # These buffers keep all max_len positions (no rolling buffer: the course's GPT attends to every one),
+        # so a preset's sliding window does not shrink them.
+        config = dataclasses.replace(config, sliding_window=None)
     if dtype in TORCH_DTYPES.values():
         return kv_cache_bytes(config, max_len, batch_size, dtype)
     # A floating dtype outside the course's table (an fp8 variant such as e4m3fnuz, say): the same count at its
@@ -72,7 +78,7 @@ class KVBuffers:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of both buffers: roofline.kv_cache_bytes(config, max_len, batch_size, dtype)."""
+        """Bytes of both buffers: roofline.kv_cache_bytes(config, max_len, batch_size, dtype), every position kept."""
         return self.k.nbytes + self.v.nbytes
 
     @property

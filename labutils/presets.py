@@ -24,6 +24,15 @@ class ModelShape:
     n_params: int           # as published (config + safetensors index), for weight bytes
     source: str
     learned_positions: bool = True   # GPT-2 learns a position table; RoPE models (Llama family) have none
+    # Attention span in positions, None for full attention. Mistral-7B attends to the last 4,096 tokens only, so its
+    # cache (a rolling buffer) stops growing there: the KV bytes in labutils.roofline cap the positions at it.
+    sliding_window: int | None = None
+
+    def __post_init__(self):
+        if self.sliding_window is not None:
+            window = check_count("sliding_window", self.sliding_window, 1,
+                                 hint=f"{self.name}'s window is a number of positions; use None for full attention")
+            object.__setattr__(self, "sliding_window", window)      # a numpy int becomes a Python int
 
     @property
     def head_dim(self) -> int:
@@ -70,7 +79,9 @@ PRESETS: dict[str, ModelShape] = {s.name: s for s in [
     ModelShape("llama-3-70b", 80, 64, 8, 8192, 128256, 8192, 28672, True, False, 70_553_706_496,
                "huggingface.co/meta-llama/Meta-Llama-3-70B (GQA, 8 KV heads)", learned_positions=False),
     ModelShape("mistral-7b", 32, 32, 8, 4096, 32000, 32768, 14336, True, False, 7_241_732_096,
-               "huggingface.co/mistralai/Mistral-7B-v0.1 (GQA, 8 KV heads)", learned_positions=False),
+               "huggingface.co/mistralai/Mistral-7B-v0.1 (GQA, 8 KV heads; config.json sliding_window 4096)",
+               learned_positions=False, sliding_window=4096),
+    # Qwen2.5's config.json names a sliding_window but sets use_sliding_window false: full attention.
     ModelShape("qwen2.5-7b", 28, 28, 4, 3584, 152064, 32768, 18944, True, False, 7_615_616_512,
                "huggingface.co/Qwen/Qwen2.5-7B (GQA, 4 KV heads)", learned_positions=False),
 ]}

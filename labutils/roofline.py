@@ -18,7 +18,8 @@ from .validate import check_count, check_dtype, check_flag, check_number, check_
 #   token table (tied), and the output layer is always counted in full: it is a real matmul.
 # - Generation asks for the last position's logits only (GPT.forward(last_only=True)), so prefill applies
 #   the output layer once per sequence, not once per prompt token.
-# - Attention adds 4 x n_layer x n_embd FLOPs per key a token attends to (2 for q.k, 2 for p.v).
+# - Attention adds 4 x n_layer x n_embd FLOPs per key a token attends to (2 for q.k, 2 for p.v). With a sliding
+#   window (Mistral-7B) a token attends to, and the cache keeps, at most that many keys: kv_positions.
 # - The prefill floor and MFU use the same FLOPs (prefill_flops / decode_flops, attention included).
 # - Bytes count weights, embedding rows and the KV cache. Activations are left out; `linear_bytes` shows
 #   what they add to one matmul, which is why prefill's real intensity is below "prompt length x".
@@ -119,23 +120,46 @@ def kv_bytes_per_token(x, dtype=torch.float16) -> int:
     return 2 * shape.n_layer * shape.n_kv_head * shape.head_dim * dtype_bytes(check_dtype("dtype", dtype))
 
 
-def kv_cache_bytes(x, seq_len: int, batch_size: int = 1, dtype=torch.float16) -> int:
-    """2 (K and V) x layers x kv_heads x head_dim x bytes x seq_len x batch."""
+def sliding_window(x) -> int | None:
+    """The positions a model attends to (and caches) at most, or None for full attention.
+
+    Only a ModelShape carries one (Mistral-7B: 4,096). The course's GPT attends to every position,
+    so a GPTConfig, even GPTConfig.preset("mistral-7b"), has none and its KVCache holds them all.
+    """
+    return getattr(counts(x).kv_shape, "sliding_window", None)
+
+
+def kv_positions(x, seq_len: int) -> int:
+    """Positions a sequence of seq_len tokens keeps in its cache (and a step reads): all of them, or the
+    last sliding_window of them, since older keys are never attended to again and their slots are reused."""
     seq_len = check_count("seq_len", seq_len, 0)
+    window = sliding_window(x)
+    return seq_len if window is None else min(seq_len, window)
+
+
+def kv_cache_bytes(x, seq_len: int, batch_size: int = 1, dtype=torch.float16) -> int:
+    """2 (K and V) x layers x kv_heads x head_dim x bytes x cached positions x batch.
+
+    Cached positions are seq_len, or at most the model's sliding window (kv_positions): Mistral-7B's
+    cache at 32,768 tokens is its cache at 4,096.
+    """
     batch_size = check_count("batch_size", batch_size, 1)
-    return kv_bytes_per_token(x, dtype) * seq_len * batch_size
+    return kv_bytes_per_token(x, dtype) * kv_positions(x, seq_len) * batch_size
 
 
 def tokens_where_cache_exceeds_weights(x, batch_size: int = 1, dtype=torch.float16,
-                                       weight_dtype=torch.float16) -> int:
+                                       weight_dtype=torch.float16) -> int | None:
     """The smallest context (tokens per sequence) at which the batch's cache holds more bytes than the weights.
 
     It can lie beyond the model's context length: then the cache never overtakes the weights for
-    one request, and only a larger batch makes it.
+    one request, and only a larger batch makes it. None when no context gets there: a sliding window
+    stops the cache growing below the weights (Mistral-7B at batch 1).
     """
     batch_size = check_count("batch_size", batch_size, 1)
     check_dtype("weight_dtype", weight_dtype)
-    return weight_bytes(x, weight_dtype) // (kv_bytes_per_token(x, dtype) * batch_size) + 1
+    tokens = weight_bytes(x, weight_dtype) // (kv_bytes_per_token(x, dtype) * batch_size) + 1
+    window = sliding_window(x)
+    return None if window is not None and tokens > window else tokens
 
 
 def _kv_dtype(x, dtype):
@@ -149,12 +173,12 @@ def _kv_dtype(x, dtype):
 def flops_per_token(x, pos: int = 0) -> int:
     """FLOPs of one decode token: 2 x (block + output-layer weights) + 4 x n_layer x pos x n_embd (attention).
 
-    `pos` is how many keys the token attends to (its own included). pos=0 gives the classic
-    "2 FLOPs per parameter per token" with the attention term left out.
+    `pos` is how many keys the token attends to (its own included), capped at a sliding window. pos=0 gives
+    the classic "2 FLOPs per parameter per token" with the attention term left out.
     """
     pos = check_count("pos", pos, 0)
     c = counts(x)
-    return 2 * (c.body_params + c.head_params) + 4 * c.n_layer * pos * c.n_embd
+    return 2 * (c.body_params + c.head_params) + 4 * c.n_layer * kv_positions(x, pos) * c.n_embd
 
 
 def prefill_flops(x, prompt_len: int, batch: int = 1) -> int:
@@ -163,7 +187,8 @@ def prefill_flops(x, prompt_len: int, batch: int = 1) -> int:
     prompt_len = check_count("prompt_len", prompt_len, 1)
     batch = check_count("batch", batch, 1)
     c = counts(x)
-    keys = prompt_len * (prompt_len + 1) // 2       # 1 + 2 + ... + prompt_len
+    full = kv_positions(x, prompt_len)              # token t attends to min(t, window) keys
+    keys = full * (full + 1) // 2 + (prompt_len - full) * full      # 1 + 2 + ... + full, then full each
     return batch * (2 * c.body_params * prompt_len + 2 * c.head_params + 4 * c.n_layer * c.n_embd * keys)
 
 
@@ -300,6 +325,7 @@ def mfu(flops: float, seconds: float, peak_flops: float, *, warn: bool = True) -
 
 
 __all__ = ["Counts", "arithmetic_intensity", "attainable_flops", "counts", "decode_bytes", "decode_flops",
-           "decode_floor_s", "decode_step_s", "flops_per_token", "knee_batch", "kv_bytes_per_token", "kv_cache_bytes", "linear_bytes",
-           "linear_flops", "mbu", "mean_decode_pos", "mfu", "prefill_bytes", "prefill_flops", "prefill_floor_s", "step_weight_bytes",
+           "decode_floor_s", "decode_step_s", "flops_per_token", "knee_batch", "kv_bytes_per_token", "kv_cache_bytes",
+           "kv_positions", "linear_bytes", "linear_flops", "mbu", "mean_decode_pos", "mfu", "prefill_bytes",
+           "prefill_flops", "prefill_floor_s", "sliding_window", "step_weight_bytes",
            "tokens_where_cache_exceeds_weights", "weight_bytes"]

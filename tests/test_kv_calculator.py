@@ -15,11 +15,14 @@ def test_summary_numbers_come_from_the_formulas(preset, dtype):
     assert s["cache_bytes"] == kv_cache_bytes(preset, ctx, 3, dtype)
     assert s["weight_bytes"] == weight_bytes(preset, "fp16")
     assert s["cache_to_weights"] == pytest.approx(s["cache_bytes"] / s["weight_bytes"])
-    assert kv_cache_bytes(preset, s["crossover_tokens"], 3, dtype) > s["weight_bytes"]
-    assert kv_cache_bytes(preset, s["crossover_tokens"] - 1, 3, dtype) <= s["weight_bytes"]
+    if s["crossover_tokens"] is None:      # a sliding window: no context makes the cache outgrow the weights
+        assert kv_cache_bytes(preset, 10 ** 9, 3, dtype) <= s["weight_bytes"] and not s["crossover_in_context"]
+    else:
+        assert kv_cache_bytes(preset, s["crossover_tokens"], 3, dtype) > s["weight_bytes"]
+        assert kv_cache_bytes(preset, s["crossover_tokens"] - 1, 3, dtype) <= s["weight_bytes"]
     assert kv_cache_bytes(preset, ctx, s["batch_to_exceed"], dtype) > s["weight_bytes"]
     assert kv_cache_bytes(preset, ctx, s["batch_to_exceed"] - 1, dtype) <= s["weight_bytes"]
-    assert s["crossover_in_context"] == (s["crossover_tokens"] <= ctx)
+    assert s["crossover_in_context"] == (s["crossover_tokens"] is not None and s["crossover_tokens"] <= ctx)
 
 
 def test_summary_text_for_the_seed_example():
@@ -47,6 +50,52 @@ def test_cache_curve_is_a_line_to_the_context():
     xs, ys = cache_curve("llama-3-8b", 2, "fp8")
     assert xs[0] == 0 and xs[-1] == 8192 and ys[0] == 0
     assert ys[-1] == pytest.approx(kv_cache_bytes("llama-3-8b", 8192, 2, "fp8") / GB)
+
+
+def test_mistral_cache_stops_at_its_sliding_window():
+    xs, ys = cache_curve("mistral-7b")
+    assert 4096 in xs and xs[-1] == 32768
+    flat = ys[xs.index(4096)]
+    assert all(y == flat for x, y in zip(xs, ys) if x >= 4096)          # flat past the window...
+    assert all(y < flat for x, y in zip(xs, ys) if x < 4096)            # ...and rising before it
+    s = kv_summary("mistral-7b", 32768)
+    assert s["cache_bytes"] == kv_cache_bytes("mistral-7b", 4096) and s["cached_positions"] == 4096
+    assert s["crossover_tokens"] is None and "never overtakes the weights" in s["text"]
+    assert "4,096-token sliding window" in s["text"] and "a batch of 27" in s["text"]
+    assert "keeps only the last" not in kv_summary("mistral-7b", 4096)["text"]    # at the window nothing is dropped
+
+
+def legend_problems(fig) -> list[str]:
+    """Traces the legend would show without a real name (plotly would call them "trace N")."""
+    return [f"trace {i}" for i, t in enumerate(fig.data)
+            if t.showlegend is not False and not (t.name or "").strip()]
+
+
+@pytest.mark.parametrize("preset,context,batch", [("llama-2-7b", 4096, 1), ("llama-2-7b", 4096, 8),
+                                                   ("mistral-7b", 8192, 1), ("mistral-7b", 8192, 30)])
+def test_every_trace_in_the_legend_has_a_name(preset, context, batch):
+    k = kv_calculator(preset, context, batch)
+    assert legend_problems(k.fig) == []
+    for t in k.fig.data:          # an empty trace is hidden from the legend, a drawn one is shown
+        assert (t.showlegend is not False) == (len(t.x or ()) > 0), t.name
+    k.preset.value = "gpt2-small"                     # context 8,192 or 4,096 > 1,024: the marker goes
+    assert legend_problems(k.fig) == [] and k.fig.data[3].showlegend is False
+
+
+def test_legend_check_catches_an_unnamed_trace():
+    k = kv_calculator()
+    k.fig.add_scatter(x=[1], y=[1])
+    assert legend_problems(k.fig) == ["trace 5"]
+
+
+def test_sliding_window_line_in_the_widget():
+    k = kv_calculator("mistral-7b", context=8192)
+    assert list(k.fig.data[4].x) == [4096, 4096] and "4,096" in k.fig.data[4].name
+    assert list(k.fig.data[2].x) == [] and "below the weights" in k.fig.layout.title.text
+    k.batch.value = 30                                # 30 windows of 0.54 GB pass the 14.48 GB of weights
+    assert list(k.fig.data[2].x) == [kv_summary("mistral-7b", 8192, 30)["crossover_tokens"]]
+    k.preset.value = "llama-3-8b"                     # full attention: no window line
+    assert list(k.fig.data[4].x) == [] and k.fig.data[4].showlegend is False
 
 
 def test_widget_follows_its_controls():

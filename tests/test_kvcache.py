@@ -6,13 +6,16 @@ import torch
 
 from labutils.dtypes import dtype_bytes
 from labutils.kvcache import KVCache
-from labutils.roofline import kv_bytes_per_token, kv_cache_bytes, tokens_where_cache_exceeds_weights, weight_bytes
+from labutils.roofline import (counts, decode_bytes, flops_per_token, kv_bytes_per_token, kv_cache_bytes, kv_positions,
+                               prefill_flops, sliding_window, tokens_where_cache_exceeds_weights, weight_bytes)
 from labutils.model import GPTConfig
 from labutils.presets import PRESETS, get_shape
 
 # Written out independently of labutils, so a wrong table there cannot agree with itself.
 BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1,
          torch.float32: 4, torch.float16: 2, torch.bfloat16: 2, torch.int8: 1}
+# Sliding windows from the models' config.json files, written out here for the same reason.
+WINDOW = {"mistral-7b": 4096}
 if hasattr(torch, "float8_e4m3fn"):
     BYTES[torch.float8_e4m3fn] = 1
     BYTES[torch.float8_e5m2] = 1
@@ -23,7 +26,8 @@ if hasattr(torch, "float8_e4m3fn"):
 def test_formula_for_every_preset_and_dtype(preset, dtype):
     s = get_shape(preset)
     for seq_len, batch in [(0, 1), (1, 1), (1000, 1), (4096, 8), (s.context_length, 3)]:
-        expected = 2 * s.n_layer * s.n_kv_head * (s.n_embd // s.n_head) * BYTES[dtype] * seq_len * batch
+        kept = min(seq_len, WINDOW.get(preset, seq_len))
+        expected = 2 * s.n_layer * s.n_kv_head * (s.n_embd // s.n_head) * BYTES[dtype] * kept * batch
         assert kv_cache_bytes(preset, seq_len, batch, dtype) == expected
         assert kv_cache_bytes(s, seq_len, batch, dtype) == expected
     assert kv_bytes_per_token(preset, dtype) == kv_cache_bytes(preset, 1, 1, dtype)
@@ -55,6 +59,9 @@ def test_seed_7b_example_half_a_megabyte_per_token():
 def test_crossover_is_the_first_context_where_the_cache_is_bigger(preset, batch, dtype):
     n = tokens_where_cache_exceeds_weights(preset, batch, dtype)
     w = weight_bytes(preset)
+    if n is None:       # only a window can cap the cache below the weights, and then no context gets there
+        assert preset in WINDOW and kv_cache_bytes(preset, 10 ** 9, batch, dtype) <= w
+        return
     assert kv_cache_bytes(preset, n - 1, batch, dtype) <= w < kv_cache_bytes(preset, n, batch, dtype)
 
 
@@ -79,6 +86,49 @@ def test_gqa_and_mqa_shrink_the_cache():
     assert kv_bytes_per_token("llama-2-7b") == 32 * kv_bytes_per_token(mqa)
 
 
+def test_sliding_window_caps_mistral_at_4096_positions():
+    per_token = kv_bytes_per_token("mistral-7b")
+    assert kv_cache_bytes("mistral-7b", 32768) == kv_cache_bytes("mistral-7b", 4096) == 4096 * per_token
+    assert kv_cache_bytes("mistral-7b", 4095) == 4095 * per_token           # grows until the window is full
+    assert kv_cache_bytes("mistral-7b", 4097, 3, "fp8") == kv_cache_bytes("mistral-7b", 4096, 3, "fp8")
+    assert kv_positions("mistral-7b", 32768) == 4096 and kv_positions("llama-3-8b", 8192) == 8192
+    assert sliding_window("mistral-7b") == 4096 and sliding_window("llama-3-8b") is None
+    # Llama-3-8B has the same per-token bytes, and no window: its cache keeps growing.
+    assert kv_cache_bytes("llama-3-8b", 8192) == 2 * kv_cache_bytes("mistral-7b", 8192)
+
+
+def test_sliding_window_in_the_crossover_and_the_step_costs():
+    # At batch 1 the capped cache (0.54 GB) never reaches the 14.5 GB of weights; a batch of 27 windows does.
+    w, window_bytes = weight_bytes("mistral-7b"), kv_cache_bytes("mistral-7b", 4096)
+    assert tokens_where_cache_exceeds_weights("mistral-7b") is None
+    assert 26 * window_bytes <= w < 27 * window_bytes
+    assert tokens_where_cache_exceeds_weights("mistral-7b", 26) is None
+    assert tokens_where_cache_exceeds_weights("mistral-7b", 27) <= 4096
+    # A step reads (and attends over) the window only: the same bytes and FLOPs at 8k as at 4k.
+    assert decode_bytes("mistral-7b", 8192) == decode_bytes("mistral-7b", 4096)
+    assert flops_per_token("mistral-7b", 8192) == flops_per_token("mistral-7b", 4096)
+    assert flops_per_token("llama-3-8b", 8192) > flops_per_token("llama-3-8b", 4096)
+    # Prefill: token t attends to min(t, 4096) keys, so 100 tokens past the window add 100 x 4096 keys.
+    c = counts("mistral-7b")
+    per_key, per_token = 4 * c.n_layer * c.n_embd, 2 * c.body_params
+    assert prefill_flops("mistral-7b", 4196) - prefill_flops("mistral-7b", 4096) == 100 * (per_token + per_key * 4096)
+
+
+def test_a_window_must_be_a_positive_count():
+    s = get_shape("mistral-7b")
+    with pytest.raises(ValueError, match="sliding_window must be >= 1, got 0.*None for full attention"):
+        dataclasses.replace(s, sliding_window=0)
+    with pytest.raises(TypeError, match="sliding_window"):
+        dataclasses.replace(s, sliding_window=4096.5)
+    assert dataclasses.replace(s, sliding_window=None).sliding_window is None
+    assert s.with_kv_heads(1).sliding_window == 4096             # a GQA/MQA variant keeps its window
+
+
+def test_the_course_gpt_has_no_window():
+    # GPTConfig.preset copies the shape, not the window: the course's attention sees every position.
+    assert kv_cache_bytes(GPTConfig.preset("mistral-7b"), 32768) == 32768 * kv_bytes_per_token("mistral-7b")
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="seq_len"):
         kv_cache_bytes("tiny", -1)
@@ -101,9 +151,11 @@ def test_bad_arguments():
 def test_buffer_bytes_match_the_calculator(preset, dtype):
     # device="meta" allocates nothing, so even llama-3-70b at full context is free to build.
     s = get_shape(preset)
+    full = dataclasses.replace(s, sliding_window=None)    # KVCache keeps every position: no rolling buffer
     for max_len, batch in [(1, 1), (s.context_length, 1), (min(100, s.context_length), 4)]:
         cache = KVCache(s, batch, max_len, device="meta", dtype=dtype)
-        assert cache.nbytes == kv_cache_bytes(preset, max_len, batch, dtype)
+        assert cache.nbytes == kv_cache_bytes(full, max_len, batch, dtype)
+        assert cache.nbytes == kv_bytes_per_token(s, dtype) * max_len * batch
         assert cache.k.shape == (s.n_layer, batch, s.n_kv_head, max_len, s.head_dim)
 
 

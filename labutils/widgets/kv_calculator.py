@@ -6,8 +6,9 @@ import html
 import ipywidgets as w
 import plotly.graph_objects as go
 
-from ..roofline import kv_bytes_per_token, tokens_where_cache_exceeds_weights, weight_bytes
-from ..presets import PRESETS, get_shape
+from ..roofline import (kv_bytes_per_token, kv_cache_bytes, kv_positions, sliding_window,
+                        tokens_where_cache_exceeds_weights, weight_bytes)
+from ..presets import PRESETS, ModelShape, get_shape
 from ..validate import check_count, check_dtype
 
 CACHE_DTYPES = ("fp16", "bf16", "fp8", "int8")
@@ -24,16 +25,16 @@ def kv_summary(preset: str, context: int, batch: int = 1, dtype: str = "fp16", w
                          f"lower the context, or pick a model with a longer context")
     batch = check_count("batch", batch, 1)
     dtype, weight_dtype = check_dtype("dtype", dtype), check_dtype("weight_dtype", weight_dtype)
-    per_token = kv_bytes_per_token(shape, dtype)
-    cache, weights = per_token * context * batch, weight_bytes(shape, weight_dtype)
-    crossover = tokens_where_cache_exceeds_weights(shape, batch, dtype, weight_dtype)
+    cache, weights = kv_cache_bytes(shape, context, batch, dtype), weight_bytes(shape, weight_dtype)
+    crossover = tokens_where_cache_exceeds_weights(shape, batch, dtype, weight_dtype)    # None: never
     s = dict(preset=preset, context=context, batch=batch, dtype=dtype, weight_dtype=weight_dtype,
              context_length=shape.context_length, n_layer=shape.n_layer, n_kv_head=shape.n_kv_head,
-             head_dim=shape.head_dim, bytes_per_token=per_token, cache_bytes=cache, weight_bytes=weights,
-             cache_to_weights=cache / weights, crossover_tokens=crossover,
-             crossover_in_context=crossover <= shape.context_length,
+             head_dim=shape.head_dim, bytes_per_token=kv_bytes_per_token(shape, dtype), cache_bytes=cache,
+             sliding_window=sliding_window(shape), cached_positions=kv_positions(shape, context),
+             weight_bytes=weights, cache_to_weights=cache / weights, crossover_tokens=crossover,
+             crossover_in_context=crossover is not None and crossover <= shape.context_length,
              # the smallest batch whose cache, at this context, holds more bytes than the weights
-             batch_to_exceed=weights // (per_token * context) + 1)
+             batch_to_exceed=weights // kv_cache_bytes(shape, context, 1, dtype) + 1)
     s["text"] = summary_text(s)
     return s
 
@@ -48,8 +49,15 @@ def summary_text(s: dict) -> str:
         f"{s['weight_bytes'] / GB:.2f} GB of {s['weight_dtype']} weights "
         f"({100 * s['cache_to_weights']:.0f}% of the weights).",
     ]
+    window = s["sliding_window"]
+    if window is not None and s["context"] > window:
+        lines.append(f"Its {window:,}-token sliding window keeps only the last {window:,} positions: "
+                     "past that the cache stops growing.")
     if s["crossover_in_context"]:
         lines.append(f"The cache overtakes the weights at {s['crossover_tokens']:,} tokens per sequence.")
+    elif s["crossover_tokens"] is None:
+        lines.append(f"At this batch the cache never overtakes the weights: the sliding window stops it at "
+                     f"{window:,} tokens per sequence.")
     else:
         lines.append(f"The cache would overtake the weights at {s['crossover_tokens']:,} tokens per sequence, "
                      f"beyond this model's {s['context_length']:,}-token context.")
@@ -58,20 +66,26 @@ def summary_text(s: dict) -> str:
     return " ".join(lines)
 
 
-def cache_curve(preset: str, batch: int = 1, dtype: str = "fp16", points: int = 129) -> tuple[list[int], list[float]]:
-    """Context lengths from 0 to the preset's context and the cache GB at each: a straight line."""
-    shape = get_shape(preset)
+def cache_curve(preset, batch: int = 1, dtype: str = "fp16", points: int = 129) -> tuple[list[int], list[float]]:
+    """Context lengths from 0 to the model's context and the cache GB at each: a straight line, flat past a
+    sliding window (the window itself is one of the points, so the bend is drawn where it is).
+
+    `preset` is a preset name or a ModelShape (a variant such as shape.with_kv_heads(1)).
+    """
+    shape = preset if isinstance(preset, ModelShape) else get_shape(preset)
     batch, points = check_count("batch", batch, 1), check_count("points", points, 2)
-    xs = sorted({round(i * shape.context_length / (points - 1)) for i in range(points)})
-    per_step = kv_bytes_per_token(shape, dtype) * batch
-    return xs, [x * per_step / GB for x in xs]
+    xs = {round(i * shape.context_length / (points - 1)) for i in range(points)}
+    window = sliding_window(shape)
+    xs = sorted(xs | ({window} if window is not None and window < shape.context_length else set()))
+    return xs, [kv_cache_bytes(shape, x, batch, dtype) / GB for x in xs]
 
 
 class KVCalculator(w.VBox):
     """Preset dropdown, context and batch sliders, cache dtype toggle; a FigureWidget and a summary.
 
-    Traces: 0 the cache (GB) against context, 1 the weights as a horizontal line, 2 the crossover
-    point (empty when it lies beyond the context), 3 the chosen context.
+    Traces, each named for the legend: 0 the cache (GB) against context, 1 the weights as a horizontal line,
+    2 the crossover point (empty when it lies beyond the context or never comes), 3 the chosen context,
+    4 the sliding window as a vertical line (empty for full attention).
     """
 
     def __init__(self, preset: str = "llama-2-7b", context: int = 4096, batch: int = 1, dtype: str = "fp16"):
@@ -103,6 +117,7 @@ class KVCalculator(w.VBox):
             shape = get_shape(preset)
             weights = weight_bytes(shape) / GB
             crossover = tokens_where_cache_exceeds_weights(shape, batch, dtype)
+            window = sliding_window(shape)
         except Exception as err:              # an observer must never raise: say why, keep the plot
             self.summary.value = _error_html(err)
             return None
@@ -115,13 +130,20 @@ class KVCalculator(w.VBox):
             self.fig.data[0].update(x=xs, y=ys, name=f"KV cache, batch {batch}, {dtype}")
             self.fig.data[1].update(x=[0, shape.context_length], y=[weights, weights],
                                     name=f"weights ({shape.n_params / 1e9:.2f}B params, fp16)")
-            inside = crossover <= shape.context_length
-            self.fig.data[2].update(x=[crossover] if inside else [], y=[crossover * ys[-1] / xs[-1]] if inside else [])
+            inside = crossover is not None and crossover <= shape.context_length
+            # An empty trace leaves the legend too, so the legend lists exactly what is drawn.
+            self.fig.data[2].update(x=[crossover] if inside else [], showlegend=inside,
+                                    y=[kv_cache_bytes(shape, crossover, batch, dtype) / GB] if inside else [])
             if s is None:
-                self.fig.data[3].update(x=[], y=[])
+                self.fig.data[3].update(x=[], y=[], showlegend=False)
             else:
-                self.fig.data[3].update(x=[s["context"]], y=[s["cache_bytes"] / GB])
+                self.fig.data[3].update(x=[s["context"]], y=[s["cache_bytes"] / GB], showlegend=True)
+            top = max(weights, ys[-1])
+            self.fig.data[4].update(x=[window, window] if window else [], y=[0, top] if window else [],
+                                    showlegend=window is not None,
+                                    name=f"sliding window ({window:,} tokens)" if window else "sliding window")
             where = (f"cache passes the weights at {crossover:,} tokens" if inside else
+                     "the sliding window keeps the cache below the weights" if crossover is None else
                      f"the cache passes the weights only at {crossover:,} tokens, beyond the context")
             self.fig.layout.title.text = f"{preset}: {where}"
             self.fig.layout.xaxis.range = [0, shape.context_length]
@@ -140,9 +162,12 @@ def _empty_figure() -> go.Figure:
         go.Scatter(mode="lines", line=dict(dash="dash", color="#444"), name="weights"),
         go.Scatter(mode="markers", marker=dict(size=12, color="#d62728", symbol="x"), name="crossover"),
         go.Scatter(mode="markers", marker=dict(size=10, color="#2ca02c"), name="chosen context"),
+        go.Scatter(mode="lines", line=dict(dash="dot", color="#9467bd"), name="sliding window"),
     ])
-    fig.update_layout(xaxis_title="context (tokens per sequence)", yaxis_title="GB", height=380,
-                      margin=dict(t=50, b=40, l=60, r=20), legend=dict(x=0.01, y=0.99))
+    # The legend sits below the plot: inside it, it covered the crossover and the window's bend.
+    fig.update_layout(xaxis_title="context (tokens per sequence)", yaxis_title="GB", height=420,
+                      margin=dict(t=50, b=40, l=60, r=20),
+                      legend=dict(orientation="h", x=0, y=-0.18, yanchor="top"))
     return fig
 
 

@@ -1,0 +1,30 @@
+"""Lesson 06's step-cost sweep: shapes of the result, the cache it fills, and refusals."""
+import pytest
+import torch
+
+from labutils.kv_timing import check_positions, step_cost_ms
+from labutils.model import GPT, GPTConfig
+
+CFG = GPTConfig(vocab_size=64, context_length=32, n_layer=1, n_head=2, n_embd=16)
+
+
+def test_one_median_per_position_and_kind():
+    torch.manual_seed(0)
+    before = torch.get_num_threads()
+    out = step_cost_ms(GPT(CFG).eval(), [1, 8, 32], repeats=2)
+    assert set(out) == {"recompute", "cached"}
+    assert all(len(v) == 3 and all(ms > 0 for ms in v) for v in out.values())
+    assert torch.get_num_threads() == before          # the thread count comes back
+
+
+@pytest.mark.parametrize("positions,err,match", [
+    ([], ValueError, "non-empty"), (5, ValueError, "non-empty"), ([0], ValueError, "positions must be >= 1"),
+    ([33], ValueError, "context length 32"), ([1.5], TypeError, "positions")])
+def test_bad_positions(positions, err, match):
+    with pytest.raises(err, match=match):
+        check_positions(positions, 32)
+
+
+def test_bad_repeats():
+    with pytest.raises(ValueError, match="repeats"):
+        step_cost_ms(GPT(CFG).eval(), [4], repeats=0)
