@@ -219,6 +219,47 @@ def test_invalid_sampling_is_refused_before_any_forward():
     assert shapes == []
 
 
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_stop_token_ends_the_request_with_that_token(use_cache):
+    model, ids = make_model(), prompt(1, 8, 3)
+    full = generate(model, ids, 40, use_cache=use_cache).tokens[0]
+    stop = int(full[5])
+    first = full.tolist().index(stop)                 # the first place the stop token appears
+    out = generate(model, ids, 40, use_cache=use_cache, stop_token=stop)
+    assert out.tokens.shape == (1, first + 1) and int(out.tokens[0, -1]) == stop
+    assert torch.equal(out.tokens[0], full[:first + 1]) and len(out.timestamps) == first + 1
+    # A stop token the model never says changes nothing.
+    unused = next(t for t in range(VOCAB) if t not in full.tolist())
+    assert torch.equal(generate(model, ids, 40, use_cache=use_cache, stop_token=unused).tokens[0], full)
+
+
+def test_stop_token_in_a_batch_waits_for_every_row_and_pads_with_it():
+    model, ids = make_model(), prompt(2, 8, 3)
+    full = generate(model, ids, 40).tokens
+    stop = int(full[0, 3])
+    out = generate(model, ids, 40, stop_token=stop).tokens
+    ends = [row.tolist().index(stop) if stop in row.tolist() else 39 for row in full]
+    assert out.shape[1] == max(ends) + 1
+    for row, end in enumerate(ends):
+        assert torch.equal(out[row, :end + 1], full[row, :end + 1])
+        assert (out[row, end + 1:] == stop).all()      # a finished row keeps saying stop
+
+
+def test_stop_token_forward_count_and_bad_values():
+    model, ids = make_model(), prompt(1, 8, 3)
+    stop = int(generate(model, ids, 10).tokens[0, 2])
+    shapes, handle = count_forwards(model)
+    try:
+        n = generate(model, ids, 10, stop_token=stop).tokens.shape[1]
+    finally:
+        handle.remove()
+    assert len(shapes) == n                         # no forward pass after the stop
+    with pytest.raises(ValueError, match=r"stop_token must be <= 96, got 97.*enc.eot_token"):
+        generate(model, ids, 4, stop_token=VOCAB)
+    with pytest.raises(TypeError, match="stop_token must be an int, got float"):
+        generate(model, ids, 4, stop_token=1.5)
+
+
 def test_batch_mismatch_with_cache():
     model = make_model()
     cache = KVCache(model.config, batch_size=1, max_len=20, dtype=torch.float64)
