@@ -1,4 +1,5 @@
 """Generation: cached decode gives the recompute tokens, the cache is really used, bad input is refused early."""
+import dataclasses
 import itertools
 import math
 
@@ -318,7 +319,6 @@ def test_list_and_1d_prompts_are_batch_one():
 @pytest.mark.parametrize("batch", [1, 2])
 def test_llama_style_model_cached_tokens_equal_recompute_tokens(batch):
     # RoPE reads each token's position from the cache (cache.begin): a wrong offset would change the tokens.
-    import dataclasses
     model = make_model(2, gated=True, seed=4)
     cfg = dataclasses.replace(model.config, norm="rmsnorm", rope=True)
     llama = GPT(cfg).double().eval()
@@ -329,3 +329,30 @@ def test_llama_style_model_cached_tokens_equal_recompute_tokens(batch):
     cached = generate(llama, ids, 40).tokens
     assert torch.equal(cached, generate(llama, ids, 40, use_cache=False).tokens)
     assert len(set(cached[0].tolist())) > 3       # it wanders, so the equality says something
+
+
+def test_llama_style_model_gives_the_same_tokens_on_every_decode_path():
+    # RoPE reads positions from three kinds of cache: the static one (fastgen), the growing one, and the
+    # paged batch, whose rows sit at different positions. Each must give generate()'s greedy tokens.
+    from labutils.fastgen import fast_generate
+    from labutils.serving.engine import Engine
+    from labutils.speculative import speculative_generate
+    cfg = dataclasses.replace(make_model(2, gated=True).config, norm="rmsnorm", rope=True)
+    torch.manual_seed(0)
+    llama = GPT(cfg).double().eval()
+    with torch.no_grad():
+        for p in llama.parameters():
+            if p.dim() == 2:
+                p.mul_(40)                       # spread the weights so greedy decoding wanders
+    ids = prompt(2, 8, 5)
+    ref = generate(llama, ids, 24).tokens
+    assert len(set(ref[0].tolist())) > 4
+    for cache in ("static", "growing"):
+        assert torch.equal(fast_generate(llama, ids, 24, cache=cache, mode="eager").tokens, ref)
+    assert torch.equal(speculative_generate(llama, llama, ids[:1], 24, k=3).tokens, ref[:1])
+    engine = Engine(llama, 4, block_size=4)
+    prompts = [list(range(5)), list(range(10, 30)), list(range(40, 43))]
+    for p in prompts:
+        engine.submit(p, 16)
+    for r, p in zip(engine.run(), prompts):
+        assert r.tokens == generate(llama, p, 16).tokens[0].tolist()
