@@ -1,6 +1,7 @@
 """Generation in two phases: prefill() fills the KV cache, decode_step() adds one token at a time."""
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -8,21 +9,33 @@ import torch
 
 from . import timing
 from .kvcache import KVCache
-from .validate import (check_cache, check_count, check_flag, check_probability, check_seed, check_temperature,
-                       describe, model_device, model_dtype)
+from .validate import (check_cache, check_count, check_flag, check_number, check_probability, check_seed,
+                       check_temperature, describe, model_device, model_dtype)
 
 
-def check_sampling(temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None) -> None:
+def check_sampling(temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+                   min_p: float | None = None) -> None:
     """Refuse sampling settings that mean nothing, before any forward pass is spent on them.
 
     temperature: 0 (greedy) or a finite number > 0 (infinity would flatten every logit and quietly undo
-    top_k); top_k: None or an int >= 1; top_p: None or a number in (0, 1].
+    top_k); top_k: None or an int >= 1; top_p: None or a number in (0, 1]; min_p: None or a number in (0, 1].
     """
     check_temperature(temperature)
     if top_k is not None:
         check_count("top_k", top_k, 1, hint="1 keeps only the most likely token; None keeps all")
     if top_p is not None:
         check_probability("top_p", top_p)
+    if min_p is not None:
+        check_number("min_p", min_p, above=0, maximum=1,
+                     hint="e.g. 0.1 keeps tokens at least a tenth as likely as the top one; None keeps all")
+
+
+def check_stop_token(stop_token, vocab_size: int) -> int | None:
+    """None, or a token id in [0, vocab_size) at which generate() stops; returns it as an int."""
+    if stop_token is None:
+        return None
+    return check_count("stop_token", stop_token, 0, vocab_size - 1,
+                       hint="pass an id from the tokenizer, e.g. enc.eot_token, or None to never stop early")
 
 
 def check_logits(logits) -> None:
@@ -46,13 +59,14 @@ def check_logits(logits) -> None:
 
 
 def sampling_probs(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
-                   top_p: float | None = None) -> torch.Tensor:
-    """The distribution sample() draws from, [batch, vocab] in float32: temperature, then top-k, then top-p.
+                   top_p: float | None = None, min_p: float | None = None) -> torch.Tensor:
+    """The distribution sample() draws from, [batch, vocab] in float32: temperature, top-k, top-p, then min-p.
 
     temperature=0 puts all mass on the argmax. top_k keeps every token tied with the k-th.
     top_p keeps the smallest set of most likely tokens whose probabilities add up to at least top_p.
+    min_p keeps the tokens whose probability is at least min_p x the top token's (after temperature).
     """
-    check_sampling(temperature, top_k, top_p)
+    check_sampling(temperature, top_k, top_p, min_p)
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
     # Shift the max to 0 first (softmax does the same inside): a tiny temperature then sends the other
@@ -71,21 +85,28 @@ def sampling_probs(logits: torch.Tensor, temperature: float = 0.0, top_k: int | 
         drop = probs.cumsum(dim=-1) - probs >= top_p
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    if min_p is not None:
+        # p_i >= min_p * p_max  <=>  logit_i - logit_max >= ln(min_p): no softmax needed, and the cut
+        # scales with the model's confidence (a sure model keeps few tokens, an unsure one many).
+        # top-k and top-p never drop the top token, so amax is still the top token's logit.
+        cut = logits.amax(dim=-1, keepdim=True) + math.log(min_p)
+        logits = logits.masked_fill(logits < cut, float("-inf"))
     return torch.softmax(logits, dim=-1)
 
 
 def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
-           top_p: float | None = None, generator: torch.Generator | None = None, *, check: bool = True) -> torch.Tensor:
+           top_p: float | None = None, generator: torch.Generator | None = None, *, check: bool = True,
+           min_p: float | None = None) -> torch.Tensor:
     """Pick one token per row of logits [batch, vocab], on the logits' device. temperature=0 is greedy.
 
     NaN logits are refused (greedy would otherwise return token 0); `check=False` skips that host sync.
     """
-    check_sampling(temperature, top_k, top_p)
+    check_sampling(temperature, top_k, top_p, min_p)
     if check:
         check_logits(logits)
     if temperature == 0:
         return logits.argmax(dim=-1)
-    probs = sampling_probs(logits, temperature, top_k, top_p)
+    probs = sampling_probs(logits, temperature, top_k, top_p, min_p)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
@@ -163,11 +184,11 @@ def as_batch(ids, device) -> torch.Tensor:
 
 
 def check_request(model, ids, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
-                  top_p: float | None = None) -> torch.Tensor:
+                  top_p: float | None = None, min_p: float | None = None) -> torch.Tensor:
     """Refuse a request that cannot run, before any forward pass; returns ids as [batch, T] on the model's device."""
     ids = as_batch(ids, model_device(model))
     max_new_tokens = check_count("max_new_tokens", max_new_tokens, 1)
-    check_sampling(temperature, top_k, top_p)
+    check_sampling(temperature, top_k, top_p, min_p)
     T, ctx = ids.shape[1], model.config.context_length
     if T + max_new_tokens > ctx:
         raise ValueError(f"prompt ({T}) + max_new_tokens ({max_new_tokens}) = {T + max_new_tokens} tokens "
@@ -178,38 +199,57 @@ def check_request(model, ids, max_new_tokens: int, temperature: float = 0.0, top
 
 @torch.inference_mode()
 def generate(model, ids, max_new_tokens: int, *, use_cache: bool = True, temperature: float = 0.0,
-             top_k: int | None = None, top_p: float | None = None, seed: int | None = None) -> GenerationResult:
+             top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+             min_p: float | None = None, stop_token: int | None = None) -> GenerationResult:
     """Prefill, then decode until max_new_tokens. With use_cache=False every step recomputes the
-    whole sequence: the baseline that shows what the cache saves."""
+    whole sequence: the baseline that shows what the cache saves.
+
+    stop_token (e.g. the tokenizer's end-of-text id) ends the request early, once every sequence has
+    produced it; the result then ends with that token. In a batch, a sequence that stopped first keeps
+    stop_token in its later places, so each row reads up to its first stop_token.
+    """
     t0 = time.perf_counter()   # the request starts now: validation and cache allocation count toward TTFT
     device = model_device(model)
-    ids = check_request(model, ids, max_new_tokens, temperature, top_k, top_p)
+    ids = check_request(model, ids, max_new_tokens, temperature, top_k, top_p, min_p)
+    stop_token = check_stop_token(stop_token, model.config.vocab_size)
     T, max_new_tokens = ids.shape[1], int(max_new_tokens)
     use_cache = check_flag("use_cache", use_cache)
     seed = None if seed is None else check_seed(seed)
     generator = None
     if seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
-    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, generator=generator)
 
     tokens, stamps = [], []
+    stopped = torch.zeros(ids.shape[0], dtype=torch.bool)    # on the host: which rows have said stop_token
 
-    def emit(tok):
-        tokens.append(tok.cpu())            # the token is on the host only after this copy
+    def emit(tok) -> bool:
+        """Record a token; True when every row has now produced stop_token (the request is done)."""
+        host = tok.cpu()                    # the token is on the host only after this copy
         timing.synchronize(device)
         stamps.append(time.perf_counter() - t0)
+        if stop_token is None:
+            tokens.append(host)
+            return False
+        host = host.masked_fill(stopped, stop_token)   # a finished row stays finished
+        tokens.append(host)
+        stopped.logical_or_(host == stop_token)
+        return bool(stopped.all())
 
     if use_cache:
         cache = KVCache(model.config, ids.shape[0], T + max_new_tokens, device=device, dtype=model_dtype(model))
         tok = prefill(model, ids, cache, **sampling)
-        emit(tok)
+        done = emit(tok)
         for _ in range(max_new_tokens - 1):
+            if done:
+                break
             tok = decode_step(model, tok, cache, check=False, **sampling)
-            emit(tok)
+            done = emit(tok)
     else:
         seq = ids
         for i in range(max_new_tokens):
             tok = sample(model(seq, check=False, last_only=True)[:, -1], check=i == 0, **sampling)
-            emit(tok)
+            if emit(tok):
+                break
             seq = torch.cat([seq, tok[:, None]], dim=1)
     return GenerationResult(torch.stack(tokens, dim=1), stamps, T)

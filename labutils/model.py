@@ -33,6 +33,8 @@ class GPTConfig:
     gated_mlp: bool = False        # SwiGLU feed-forward, as in the Llama family
     bias: bool = True
     tie_weights: bool = True       # GPT-2 reuses the token embedding as the output layer
+    norm: str = "layernorm"        # "rmsnorm" (Llama): scale only, no mean, no bias
+    rope: bool = False             # rotary positions (Llama): rotate q and k, no learned position table
 
     def __post_init__(self):
         # One rule for every size (labutils.validate): 101.5 or True is refused; numpy ints become ints.
@@ -44,8 +46,12 @@ class GPTConfig:
             object.__setattr__(self, "n_inner", 4 * self.n_embd)
         for field in ("n_kv_head", "n_inner"):
             object.__setattr__(self, field, check_count(f"GPTConfig.{field}", getattr(self, field), 1))
-        for field in ("gated_mlp", "bias", "tie_weights"):
+        for field in ("gated_mlp", "bias", "tie_weights", "rope"):
             object.__setattr__(self, field, check_flag(f"GPTConfig.{field}", getattr(self, field)))
+        object.__setattr__(self, "norm", check_choice("GPTConfig.norm", self.norm, NORMS))
+        if self.rope and self.head_dim % 2:
+            raise ValueError(f"rope=True rotates pairs of dims, so head_dim (n_embd / n_head = {self.head_dim}) "
+                             "must be even; change n_embd or n_head")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head} "
                              f"(each head gets n_embd / n_head dims)")
@@ -56,6 +62,11 @@ class GPTConfig:
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
+
+    @property
+    def learned_positions(self) -> bool:
+        """A position table exists only without RoPE (the same name as presets.ModelShape's field)."""
+        return not self.rope
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "GPTConfig":
@@ -73,11 +84,47 @@ class GPTConfig:
         attn = C * qkv_out + b * qkv_out + C * C + b * C
         n_up = 2 if self.gated_mlp else 1     # SwiGLU has a gate matrix beside the up projection
         mlp = (n_up + 1) * C * self.n_inner + b * (n_up * self.n_inner + C)
-        norms = 2 * 2 * C                     # two LayerNorms (weight + bias) per block
-        per_block = attn + mlp + norms
-        embed = self.vocab_size * C + self.context_length * C
+        norm = 2 * C if self.norm == "layernorm" else C   # LayerNorm: weight + bias; RMSNorm: weight
+        per_block = attn + mlp + 2 * norm
+        embed = self.vocab_size * C + (self.context_length * C if self.learned_positions else 0)
         head = 0 if self.tie_weights else self.vocab_size * C
-        return embed + self.n_layer * per_block + 2 * C + head
+        return embed + self.n_layer * per_block + norm + head
+
+
+NORMS = ("layernorm", "rmsnorm")
+ROPE_BASE = 10_000.0     # Llama-2's rotary base (config.json rope_theta)
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight: LayerNorm without the mean and the bias (Llama). One weight per channel."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.weight
+
+
+def make_norm(cfg: GPTConfig) -> nn.Module:
+    return RMSNorm(cfg.n_embd) if cfg.norm == "rmsnorm" else nn.LayerNorm(cfg.n_embd)
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, base: float = ROPE_BASE) -> torch.Tensor:
+    """Rotate x [batch, heads, T, head_dim] by its positions pos ([T], or [batch, T] for a paged batch).
+
+    Dim i and dim i + head_dim/2 form a pair (the Hugging Face Llama layout) turned by pos x base^(-2i/head_dim):
+    fast turns in the first pairs, slow ones in the last. A rotation keeps lengths, and q.k of two rotated
+    vectors depends only on the difference of their positions. No weights: a position costs no parameters.
+    """
+    half = x.shape[-1] // 2
+    work = torch.promote_types(x.dtype, torch.float32)     # bf16/fp16 angles would be off by whole turns
+    inv_freq = base ** (-torch.arange(half, device=x.device, dtype=work) / half)
+    angles = pos.to(work)[..., None] * inv_freq                     # [T, half] or [batch, T, half]
+    angles = angles[None, None] if angles.dim() == 2 else angles[:, None]
+    cos, sin = angles.cos(), angles.sin()
+    x1, x2 = x.to(work)[..., :half], x.to(work)[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
 class CausalSelfAttention(nn.Module):
@@ -88,15 +135,21 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.n_embd, (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim, bias=cfg.bias)
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.impl = "sdpa"
+        self.rope = cfg.rope
         self.layer_idx = 0   # set by GPT: which slot of the KV cache this layer owns
 
-    def forward(self, x: torch.Tensor, cache=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache=None, pos: torch.Tensor | None = None) -> torch.Tensor:
+        """pos: the positions of x's tokens (GPT.forward passes them); only RoPE reads them."""
         B, T, C = x.shape
         q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
         q, k, v = self.qkv(x).split([q_dim, kv_dim, kv_dim], dim=-1)
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        if self.rope:
+            # Rotate before caching: a cached key keeps the rotation of the position it was written at.
+            pos = torch.arange(T, device=x.device) if pos is None else pos
+            q, k = rope(q, pos), rope(k, pos)
         q_offset, mask = 0, None
         if cache is not None:
             # KVCache returns the written prefix (mask None: causal by offset); a static cache returns
@@ -128,13 +181,13 @@ class Block(nn.Module):
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(cfg.n_embd)
+        self.ln_1 = make_norm(cfg)
         self.attn = CausalSelfAttention(cfg)
-        self.ln_2 = nn.LayerNorm(cfg.n_embd)
+        self.ln_2 = make_norm(cfg)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cache=None):
-        x = x + self.attn(self.ln_1(x), cache)
+    def forward(self, x, cache=None, pos=None):
+        x = x + self.attn(self.ln_1(x), cache, pos)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -143,11 +196,12 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
-        self.pos_emb = nn.Embedding(config.context_length, config.n_embd)
+        # With RoPE the positions live in attention's rotation: no table (None keeps the attribute for readers).
+        self.pos_emb = nn.Embedding(config.context_length, config.n_embd) if config.learned_positions else None
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         for i, block in enumerate(self.blocks):
             block.attn.layer_idx = i
-        self.ln_f = nn.LayerNorm(config.n_embd)
+        self.ln_f = make_norm(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:
             self.lm_head.weight = self.tok_emb.weight
@@ -206,9 +260,11 @@ class GPT(nn.Module):
         # The cache says where the new tokens sit: a Python int for KVCache, a device tensor for a
         # static cache (so a captured CUDA graph reads the position instead of baking it in).
         pos = torch.arange(T, device=ids.device) if cache is None else cache.begin(T)
-        x = self.tok_emb(ids) + self.pos_emb(pos)
+        x = self.tok_emb(ids)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(pos)
         for block in self.blocks:
-            x = block(x, cache)
+            x = block(x, cache, pos)
         if cache is not None:
             cache.advance(T)
         if last_only:
@@ -320,7 +376,7 @@ def save_hf_gpt2(model: GPT, path: str | Path, *, eos_token_id: int | None = Non
         raise TypeError(f"save_hf_gpt2 takes a labutils GPT, got {type(model).__name__}")
     cfg = model.config
     unsupported = {"gated_mlp": (cfg.gated_mlp, False), "bias": (cfg.bias, True),
-                   "n_kv_head": (cfg.n_kv_head, cfg.n_head)}
+                   "n_kv_head": (cfg.n_kv_head, cfg.n_head), "norm": (cfg.norm, "layernorm"), "rope": (cfg.rope, False)}
     for key, (value, gpt2) in unsupported.items():
         if value != gpt2:
             raise ValueError(f"config {key}={value!r} has no GPT-2 equivalent (GPT-2 has {key}={gpt2!r}); "

@@ -1,4 +1,5 @@
 """Generation: cached decode gives the recompute tokens, the cache is really used, bad input is refused early."""
+import dataclasses
 import itertools
 import math
 
@@ -219,6 +220,47 @@ def test_invalid_sampling_is_refused_before_any_forward():
     assert shapes == []
 
 
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_stop_token_ends_the_request_with_that_token(use_cache):
+    model, ids = make_model(), prompt(1, 8, 3)
+    full = generate(model, ids, 40, use_cache=use_cache).tokens[0]
+    stop = int(full[5])
+    first = full.tolist().index(stop)                 # the first place the stop token appears
+    out = generate(model, ids, 40, use_cache=use_cache, stop_token=stop)
+    assert out.tokens.shape == (1, first + 1) and int(out.tokens[0, -1]) == stop
+    assert torch.equal(out.tokens[0], full[:first + 1]) and len(out.timestamps) == first + 1
+    # A stop token the model never says changes nothing.
+    unused = next(t for t in range(VOCAB) if t not in full.tolist())
+    assert torch.equal(generate(model, ids, 40, use_cache=use_cache, stop_token=unused).tokens[0], full)
+
+
+def test_stop_token_in_a_batch_waits_for_every_row_and_pads_with_it():
+    model, ids = make_model(), prompt(2, 8, 3)
+    full = generate(model, ids, 40).tokens
+    stop = int(full[0, 3])
+    out = generate(model, ids, 40, stop_token=stop).tokens
+    ends = [row.tolist().index(stop) if stop in row.tolist() else 39 for row in full]
+    assert out.shape[1] == max(ends) + 1
+    for row, end in enumerate(ends):
+        assert torch.equal(out[row, :end + 1], full[row, :end + 1])
+        assert (out[row, end + 1:] == stop).all()      # a finished row keeps saying stop
+
+
+def test_stop_token_forward_count_and_bad_values():
+    model, ids = make_model(), prompt(1, 8, 3)
+    stop = int(generate(model, ids, 10).tokens[0, 2])
+    shapes, handle = count_forwards(model)
+    try:
+        n = generate(model, ids, 10, stop_token=stop).tokens.shape[1]
+    finally:
+        handle.remove()
+    assert len(shapes) == n                         # no forward pass after the stop
+    with pytest.raises(ValueError, match=r"stop_token must be <= 96, got 97.*enc.eot_token"):
+        generate(model, ids, 4, stop_token=VOCAB)
+    with pytest.raises(TypeError, match="stop_token must be an int, got float"):
+        generate(model, ids, 4, stop_token=1.5)
+
+
 def test_batch_mismatch_with_cache():
     model = make_model()
     cache = KVCache(model.config, batch_size=1, max_len=20, dtype=torch.float64)
@@ -272,3 +314,45 @@ def test_list_and_1d_prompts_are_batch_one():
     a = generate(model, ids, 5).tokens
     assert torch.equal(generate(model, ids[0], 5).tokens, a)
     assert torch.equal(generate(model, ids[0].tolist(), 5).tokens, a)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_llama_style_model_cached_tokens_equal_recompute_tokens(batch):
+    # RoPE reads each token's position from the cache (cache.begin): a wrong offset would change the tokens.
+    model = make_model(2, gated=True, seed=4)
+    cfg = dataclasses.replace(model.config, norm="rmsnorm", rope=True)
+    llama = GPT(cfg).double().eval()
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith("pos_emb")
+             and not k.endswith(("ln_1.bias", "ln_2.bias", "ln_f.bias"))}
+    llama.load_state_dict(state)
+    ids = prompt(batch, 8, 4)
+    cached = generate(llama, ids, 40).tokens
+    assert torch.equal(cached, generate(llama, ids, 40, use_cache=False).tokens)
+    assert len(set(cached[0].tolist())) > 3       # it wanders, so the equality says something
+
+
+def test_llama_style_model_gives_the_same_tokens_on_every_decode_path():
+    # RoPE reads positions from three kinds of cache: the static one (fastgen), the growing one, and the
+    # paged batch, whose rows sit at different positions. Each must give generate()'s greedy tokens.
+    from labutils.fastgen import fast_generate
+    from labutils.serving.engine import Engine
+    from labutils.speculative import speculative_generate
+    cfg = dataclasses.replace(make_model(2, gated=True).config, norm="rmsnorm", rope=True)
+    torch.manual_seed(0)
+    llama = GPT(cfg).double().eval()
+    with torch.no_grad():
+        for p in llama.parameters():
+            if p.dim() == 2:
+                p.mul_(40)                       # spread the weights so greedy decoding wanders
+    ids = prompt(2, 8, 5)
+    ref = generate(llama, ids, 24).tokens
+    assert len(set(ref[0].tolist())) > 4
+    for cache in ("static", "growing"):
+        assert torch.equal(fast_generate(llama, ids, 24, cache=cache, mode="eager").tokens, ref)
+    assert torch.equal(speculative_generate(llama, llama, ids[:1], 24, k=3).tokens, ref[:1])
+    engine = Engine(llama, 4, block_size=4)
+    prompts = [list(range(5)), list(range(10, 30)), list(range(40, 43))]
+    for p in prompts:
+        engine.submit(p, 16)
+    for r, p in zip(engine.run(), prompts):
+        assert r.tokens == generate(llama, p, 16).tokens[0].tolist()

@@ -199,3 +199,126 @@ def test_checkpoint_round_trip_untied_gqa(tmp_path):
 def test_load_checkpoint_names_what_is_missing(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json and model.pt"):
         load_checkpoint(tmp_path)
+
+
+# ---- the Llama-style block: RMSNorm, RoPE (SwiGLU is gated_mlp) -------------------------------------
+
+from labutils.model import RMSNorm, rope  # noqa: E402
+
+
+def test_rmsnorm_matches_torch_and_has_one_weight_per_channel():
+    x = torch.randn(3, 5, 16, generator=torch.Generator().manual_seed(0)) * 4 + 2
+    norm = RMSNorm(16)
+    with torch.no_grad():
+        norm.weight.copy_(torch.linspace(0.5, 2.0, 16))
+    expected = torch.nn.functional.rms_norm(x, (16,), norm.weight, eps=1e-5)
+    torch.testing.assert_close(norm(x), expected)
+    assert sum(p.numel() for p in norm.parameters()) == 16
+    # Unlike LayerNorm it keeps the mean: a constant vector comes out as weight x sign, not 0.
+    assert torch.allclose(RMSNorm(4)(torch.full((4,), 3.0)), torch.ones(4), atol=1e-5)
+
+
+def test_rope_rotates_pairs_keeps_lengths_and_is_identity_at_zero():
+    x = torch.randn(2, 3, 7, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    pos = torch.arange(7)
+    y = rope(x, pos)
+    torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1))
+    torch.testing.assert_close(y[:, :, 0], x[:, :, 0])                  # position 0: no turn
+    assert not torch.allclose(y[:, :, 1:], x[:, :, 1:])
+    # The first pair (dims 0 and 4) turns by exactly pos radians (frequency base^0 = 1).
+    c, s = torch.cos(torch.tensor(3.0, dtype=torch.float64)), torch.sin(torch.tensor(3.0, dtype=torch.float64))
+    x0, x4 = x[:, :, 3, 0], x[:, :, 3, 4]
+    torch.testing.assert_close(y[:, :, 3, 0], x0 * c - x4 * s, atol=1e-6, rtol=0)
+    torch.testing.assert_close(y[:, :, 3, 4], x4 * c + x0 * s, atol=1e-6, rtol=0)
+
+
+def test_rope_scores_depend_only_on_the_distance():
+    g = torch.Generator().manual_seed(2)
+    q, k = torch.randn(1, 1, 1, 16, generator=g, dtype=torch.float64), torch.randn(1, 1, 1, 16, generator=g,
+                                                                                 dtype=torch.float64)
+    def score(m, n):
+        return float((rope(q, torch.tensor([m])) * rope(k, torch.tensor([n]))).sum())
+    assert score(5, 2) == pytest.approx(score(105, 102), abs=1e-9)
+    assert score(5, 2) == pytest.approx(score(3, 0), abs=1e-9)
+    assert score(5, 2) != pytest.approx(score(5, 4), abs=1e-6)
+
+
+def test_rope_per_row_positions_match_one_row_at_a_time():
+    x = torch.randn(2, 2, 3, 8, generator=torch.Generator().manual_seed(3))
+    pos = torch.tensor([[0, 1, 2], [7, 8, 9]])
+    both = rope(x, pos)
+    torch.testing.assert_close(both[1:], rope(x[1:], pos[1]))
+    torch.testing.assert_close(both[:1], rope(x[:1], pos[0]))
+
+
+LLAMA_SMALL = GPTConfig(vocab_size=61, context_length=40, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, n_inner=88,
+                        gated_mlp=True, bias=False, tie_weights=False, norm="rmsnorm", rope=True)
+
+
+def test_llama_style_model_has_no_position_table_and_counts_its_params():
+    model = GPT(LLAMA_SMALL)
+    assert model.pos_emb is None and not LLAMA_SMALL.learned_positions
+    assert model.num_params() == LLAMA_SMALL.num_params()
+    assert all(isinstance(m, RMSNorm) for m in (model.blocks[0].ln_1, model.blocks[0].ln_2, model.ln_f))
+    for norm in ("layernorm", "rmsnorm"):
+        for use_rope in (False, True):
+            cfg = dataclasses.replace(SMALL, norm=norm, rope=use_rope)
+            assert GPT(cfg).num_params() == cfg.num_params()
+
+
+def test_llama_2_7b_with_rmsnorm_and_rope_has_the_published_count():
+    cfg = GPTConfig.preset("llama-2-7b", norm="rmsnorm", rope=True)
+    assert cfg.num_params() == PRESETS["llama-2-7b"].n_params == 6_738_415_616
+    with torch.device("meta"):                                  # real modules, no memory
+        assert GPT(cfg).num_params() == 6_738_415_616
+
+
+@pytest.mark.parametrize("impl", ["naive", "sdpa"])
+def test_rope_model_cached_forward_equals_full_forward(impl):
+    torch.manual_seed(0)
+    model = GPT(LLAMA_SMALL).double().eval().set_attention(impl)
+    ids = torch.randint(0, 61, (2, 12))
+    with torch.no_grad():
+        full = model(ids)
+        cache = KVCache(LLAMA_SMALL, 2, 12, dtype=torch.float64)
+        parts = [model(ids[:, :5], cache), model(ids[:, 5:6], cache), model(ids[:, 6:], cache)]
+    torch.testing.assert_close(torch.cat(parts, dim=1), full)
+
+
+def test_rope_model_sees_order_without_a_position_table():
+    # One layer: the last token's attention is a weighted sum over keys, blind to their order unless
+    # something marks positions. With the position table zeroed it is blind; RoPE alone restores order.
+    def last_logits(cfg, ids):
+        torch.manual_seed(0)
+        model = GPT(cfg).double().eval()
+        if model.pos_emb is not None:
+            torch.nn.init.zeros_(model.pos_emb.weight)
+        with torch.no_grad():
+            return model(torch.tensor([ids]))[0, -1]
+    one = dataclasses.replace(LLAMA_SMALL, n_layer=1)
+    blind = dataclasses.replace(one, rope=False)
+    torch.testing.assert_close(last_logits(blind, [3, 9, 4]), last_logits(blind, [9, 3, 4]))
+    assert not torch.allclose(last_logits(one, [3, 9, 4]), last_logits(one, [9, 3, 4]))
+
+
+def test_bad_norm_and_odd_rope_head_dim_are_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown GPTConfig.norm 'batchnorm'; choose one of \['layernorm', 'rmsnorm'\]"):
+        GPTConfig(n_embd=32, n_head=4, norm="batchnorm")
+    with pytest.raises(ValueError, match="head_dim .* must be even"):
+        GPTConfig(n_embd=12, n_head=4, rope=True)
+    with pytest.raises(TypeError, match="GPTConfig.rope must be True or False"):
+        GPTConfig(n_embd=32, n_head=4, rope="yes")
+    from labutils.model import save_hf_gpt2
+    with pytest.raises(ValueError, match="rope=True has no GPT-2 equivalent"):
+        save_hf_gpt2(GPT(dataclasses.replace(SMALL, rope=True)), tmp_path)
+
+
+def test_llama_style_checkpoint_round_trip(tmp_path):
+    torch.manual_seed(0)
+    model = GPT(LLAMA_SMALL).eval()
+    save_checkpoint(model, tmp_path)
+    loaded = load_checkpoint(tmp_path)
+    ids = torch.randint(0, 61, (1, 9))
+    assert loaded.config == LLAMA_SMALL
+    with torch.no_grad():
+        assert torch.equal(loaded(ids), model(ids))

@@ -53,6 +53,51 @@ def test_top_p_keeps_the_smallest_set_covering_p(top_p, kept):
     assert drawn == set(keep)
 
 
+# P = 0.5, 0.3, 0.15, 0.05: min_p x 0.5 is the cut, so the kept set grows as min_p falls.
+@pytest.mark.parametrize("min_p,kept", [(1.0, 1), (0.7, 1), (0.6, 2), (0.31, 2), (0.29, 3), (0.11, 3),
+                                        (0.09, 4), (0.01, 4)])
+def test_min_p_keeps_tokens_within_min_p_of_the_top(min_p, kept):
+    probs = sampling_probs(LOGITS, 1.0, min_p=min_p)[0].double()
+    keep = RANK[:kept]
+    expected = torch.zeros(4, dtype=torch.float64)
+    expected[keep] = P[keep] / P[keep].sum()
+    torch.testing.assert_close(probs, expected, rtol=0, atol=1e-6)
+    g = torch.Generator().manual_seed(0)
+    drawn = {int(sample(LOGITS, 1.0, min_p=min_p, generator=g)) for _ in range(300)}
+    assert drawn == set(keep)
+
+
+def test_min_p_cut_follows_the_temperature():
+    # At temperature 2 the probabilities flatten (p ~ sqrt(P)): 0.05 is then sqrt(0.1) = 0.32 of the top.
+    assert int((sampling_probs(LOGITS, 1.0, min_p=0.2)[0] > 0).sum()) == 3
+    assert int((sampling_probs(LOGITS, 2.0, min_p=0.2)[0] > 0).sum()) == 4
+
+
+def test_min_p_composes_with_top_k_and_is_off_by_default():
+    logits = random_logits(seed=4)
+    assert torch.equal(sampling_probs(logits, 0.8), sampling_probs(logits, 0.8, min_p=None))
+    both = sampling_probs(logits, 0.8, top_k=5, min_p=0.3)
+    alone = sampling_probs(logits, 0.8, min_p=0.3)
+    kept_both, kept_alone = both > 0, alone > 0
+    assert torch.equal(kept_both, kept_alone & (sampling_probs(logits, 0.8, top_k=5) > 0))
+    assert (kept_both.sum(-1) >= 1).all() and torch.allclose(both.sum(-1), torch.ones(3))
+    # Every kept token is at least min_p times as likely as the top one, in the distribution before the cut.
+    full = sampling_probs(logits, 0.8)
+    assert (full[kept_alone] >= 0.3 * full.amax(-1, keepdim=True).expand_as(full)[kept_alone] - 1e-6).all()
+
+
+def test_min_p_in_generate_is_seeded_and_changes_the_text():
+    model = make_model(2, seed=9)
+    ids = prompt(1, 6, 9)
+    a = generate(model, ids, 30, temperature=1.5, min_p=0.5, seed=3).tokens
+    assert torch.equal(a, generate(model, ids, 30, temperature=1.5, min_p=0.5, seed=3).tokens)
+    assert torch.equal(a, generate(model, ids, 30, temperature=1.5, min_p=0.5, seed=3, use_cache=False).tokens)
+    assert not torch.equal(a, generate(model, ids, 30, temperature=1.5, seed=3).tokens)
+    # min_p = 1 keeps only the top token: sampling becomes greedy.
+    assert torch.equal(generate(model, ids, 30).tokens, generate(model, ids, 30, temperature=1.5, min_p=1.0,
+                                                                 seed=3).tokens)
+
+
 def test_temperature_sharpens_and_flattens():
     cold = sampling_probs(LOGITS, 0.5)[0]
     warm = sampling_probs(LOGITS, 2.0)[0]
@@ -99,6 +144,10 @@ def test_sampling_at_temperature_differs_from_greedy():
     (dict(temperature=1.0, top_p=0.0), ValueError, r"top_p must be a finite number > 0 and <= 1, got 0.0"),
     (dict(temperature=1.0, top_p=1.5), ValueError, r"top_p must be a finite number > 0 and <= 1, got 1.5"),
     (dict(temperature=1.0, top_p=-0.2), ValueError, r"top_p must be a finite number > 0 and <= 1, got -0.2"),
+    (dict(temperature=1.0, min_p=0.0), ValueError, r"min_p must be a finite number > 0 and <= 1, got 0.0"),
+    (dict(temperature=1.0, min_p=1.2), ValueError, r"min_p must be a finite number > 0 and <= 1, got 1.2"),
+    (dict(temperature=1.0, min_p=float("nan")), ValueError, r"min_p must be a finite number > 0 and <= 1"),
+    (dict(temperature=1.0, min_p="0.1"), TypeError, "min_p must be a number, got str '0.1'"),
 ])
 def test_invalid_settings_raise(kwargs, error, message):
     with pytest.raises(error, match=message):
