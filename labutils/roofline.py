@@ -46,7 +46,7 @@ def counts(x) -> Counts:
     if isinstance(cfg, ModelShape):
         n_params, learned_pos = cfg.n_params, cfg.learned_positions
     elif hasattr(cfg, "num_params") and hasattr(cfg, "n_layer"):
-        n_params, learned_pos = cfg.num_params(), True       # our GPT learns a position table
+        n_params, learned_pos = cfg.num_params(), getattr(cfg, "learned_positions", True)   # none with RoPE
     else:
         raise TypeError(f"x (the model) must be a GPT model, a GPTConfig, a ModelShape or a preset name, "
                         f"got {describe(x)}; e.g. roofline.decode_bytes('gpt2-small', pos=128)")
@@ -103,7 +103,7 @@ def step_weight_bytes(x, tokens_per_seq: int = 1, batch: int = 1, dtype=None) ->
         if dtype is not None:
             raise ValueError("a model's weight bytes are its tensors' own; pass dtype only with a config or preset")
         head = _tensor_bytes(_model_tensors(x.lm_head))
-        tables = [x.tok_emb.weight, x.pos_emb.weight]
+        tables = [x.tok_emb.weight] + ([] if x.pos_emb is None else [x.pos_emb.weight])   # RoPE: no table
         head_ids = {id(t) for t in _model_tensors(x.lm_head)}
         table_bytes = _tensor_bytes(t for t in tables if id(t) not in head_ids)
         body = weight_bytes(x) - head - table_bytes

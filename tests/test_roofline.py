@@ -70,12 +70,17 @@ def test_a_model_counts_its_real_tensors_tied_once():
         rl.weight_bytes(model, "fp16")
 
 
-def test_block_counts_match_the_model_parameters():
-    cfg = GPTConfig(vocab_size=300, context_length=64, n_layer=3, n_head=4, n_embd=64, n_kv_head=2)
+@pytest.mark.parametrize("modern", [False, True])
+def test_block_counts_match_the_model_parameters(modern):
+    extra = dict(rope=True, norm="rmsnorm", gated_mlp=True, bias=False) if modern else {}
+    cfg = GPTConfig(vocab_size=300, context_length=64, n_layer=3, n_head=4, n_embd=64, n_kv_head=2, **extra)
     model = GPT(cfg)
     blocks = sum(p.numel() for n, p in model.named_parameters() if n.startswith(("blocks.", "ln_f.")))
     assert rl.counts(cfg).body_params == rl.counts(model).body_params == blocks
     assert rl.counts(cfg).head_params == cfg.vocab_size * cfg.n_embd
+    # Bytes one decode step reads: the blocks, the output layer, and one row of each table it has.
+    rows = cfg.n_embd * (1 if modern else 2)
+    assert rl.step_weight_bytes(model) == 4 * (blocks + cfg.vocab_size * cfg.n_embd + rows)
 
 
 @pytest.mark.parametrize("prompt_len", [1, 16, 40])
