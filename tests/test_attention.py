@@ -295,3 +295,27 @@ def test_model_attention_weights_rederive_the_layer():
         model_attention_weights(model, ids, layer=2)
     with pytest.raises(ValueError, match="ids must be one non-empty prompt"):
         model_attention_weights(model, [], layer=0)
+
+
+def test_flash_traffic_rereads_k_and_v_once_per_query_block():
+    one = 2 * 12 * 1024 * 64                      # bytes of one [12, 1024, 64] fp16 tensor
+    assert ac.flash_traffic_bytes(1024, 12, 64, block_q=128, dtype=torch.float16) == 2 * one + 8 * 2 * one
+    assert ac.flash_traffic_bytes(1000, 1, 4, block_q=128) == 2 * 4000 * 4 + 8 * 2 * 4000 * 4   # ceil(1000/128) = 8
+    # One block holding every query reads each tensor exactly once: the QKVO minimum.
+    assert ac.flash_traffic_bytes(256, 4, 32, block_q=256) == ac.qkvo_bytes(256, 4, 32)
+    with pytest.raises(ValueError, match="block_q must be >= 1, got 0"):
+        ac.flash_traffic_bytes(256, 4, 32, block_q=0)
+    with pytest.raises(ValueError, match="head_dim must be >= 1, got 0"):
+        ac.qkvo_bytes(256, 4, 0)
+
+
+def test_cpu_memory_events_see_every_score_matrix_naive_writes():
+    """Naive attention allocates four fp32 [T, T] tensors: scores, scaled, masked, probabilities."""
+    q, k, v = ac.make_qkv(64, n_head=2, head_dim=8)
+    s = ac.score_matrix_bytes(64, 2)
+    events = ac.cpu_memory_events(lambda: naive_attention(q, k, v))
+    assert sum(e == s for e in events) == 4
+    assert sum(events) == 0                          # and everything, the output too, is freed again
+    assert ac.cpu_memory_events(lambda: torch.ones(10)).count(40) == 1
+    with pytest.raises(TypeError, match="fn must be a function of no arguments"):
+        ac.cpu_memory_events(42)
