@@ -55,6 +55,8 @@ def tiled_attention(q, k, v, *, causal: bool = True, block_q: int = 64, block_k:
                     stats: dict | None = None) -> torch.Tensor:
     """softmax(QK^T / sqrt(d) [+ causal mask]) V, tile by tile. Same shapes and maths as naive_attention.
 
+    `q_offset` is the absolute position of the first query, as in naive_attention (causal only).
+
     `stats`, when given a dict, is filled with tiles_computed, tiles_skipped and largest_scores (the
     shape of the biggest score block the kernel held), so a lesson can show what was never built.
     """
