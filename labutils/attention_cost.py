@@ -39,7 +39,17 @@ def score_traffic_bytes(seq_len: int, n_head: int, batch_size: int = 1, dtype=to
 
 def qkvo_bytes(seq_len: int, n_head: int, head_dim: int, batch_size: int = 1, dtype=torch.float32) -> int:
     """Read Q, K and V once and write the output once: the least any exact attention must move."""
+    for name, value in (("seq_len", seq_len), ("n_head", n_head), ("head_dim", head_dim), ("batch_size", batch_size)):
+        check_count(name, value, 1)
     return 4 * batch_size * n_head * seq_len * head_dim * dtype_bytes(dtype)
+
+
+def flash_traffic_bytes(seq_len: int, n_head: int, head_dim: int, block_q: int = 128, batch_size: int = 1,
+                        dtype=torch.float32) -> int:
+    """Bytes a FlashAttention-style kernel moves: Q read and O written once, K and V read once per query block."""
+    block_q = check_count("block_q", block_q, 1, hint="a query block holds at least one query")
+    one = qkvo_bytes(seq_len, n_head, head_dim, batch_size, dtype) // 4    # one [B, H, T, d] tensor
+    return 2 * one + math.ceil(seq_len / block_q) * 2 * one
 
 
 @contextlib.contextmanager
@@ -75,19 +85,26 @@ def peak_memory_bytes(fn, device) -> tuple[int | None, str]:
         del out
         return torch.cuda.max_memory_allocated(device) - before, "measured: torch.cuda.max_memory_allocated"
     if device.type == "cpu":
-        from torch.profiler import ProfilerActivity, profile
-
-        with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            out = fn()
-            del out
-        events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                        if e.name() == "[memory]")
         current = peak = 0
-        for _, nbytes in events:       # positive: an allocation; negative: a free
+        for nbytes in cpu_memory_events(fn):   # positive: an allocation; negative: a free
             current += nbytes
             peak = max(peak, current)
         return peak, "measured: torch.profiler allocation records (CPU)"
     return None, f"not measured: no peak-memory counter on {device.type}"
+
+
+def cpu_memory_events(fn) -> list[int]:
+    """Every allocation (+bytes) and free (-bytes) on the CPU while `fn()` runs, in time order, from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if not callable(fn):
+        raise TypeError(f"fn must be a function of no arguments, got {type(fn).__name__}; wrap a call as lambda: f(x)")
+    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = fn()
+        del out
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == "[memory]")
+    return [nbytes for _, nbytes in events]
 
 
 def sdpa_kernel_name(q, k, v) -> str:
@@ -144,3 +161,39 @@ def measure_attention(seq_lens, *, n_head: int = 4, head_dim: int = 64, batch_si
             rows.append(row)
         del q, k, v
     return rows
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int | None):
+    """Run with n intra-op threads (None: leave as is), then restore the previous count."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def measure_causal_skip(seq_len: int = 2048, *, n_head: int = 4, head_dim: int = 64, block: int = 128,
+                        device="cpu", threads: int | None = 1, repeats: int = 3) -> dict[str, float]:
+    """Median ms of causal vs full attention, for the hand-written tiled kernel and for SDPA.
+
+    The causal runs skip the fully masked tiles, so causal / full shows what skipping saves in time.
+    `threads=1` on a CPU by default: the tiled kernel issues thousands of small products, and with
+    more threads than free cores each one waits on the others, which swamps the effect being measured.
+    """
+    import torch.nn.functional as F
+    from .kernels import tiled_attention
+
+    seq_len = check_count("seq_len", seq_len, 1)
+    block = check_count("block", block, 1, hint="a tile holds at least one query and one key")
+    threads = None if threads is None else check_count("threads", threads, 1)
+    q, k, v = make_qkv(seq_len, n_head, head_dim, device=device)
+    runs = {"tiled, causal": lambda: tiled_attention(q, k, v, block_q=block, block_k=block),
+            "tiled, full": lambda: tiled_attention(q, k, v, causal=False, block_q=block, block_k=block),
+            "sdpa, causal": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            "sdpa, full": lambda: F.scaled_dot_product_attention(q, k, v)}
+    with _torch_threads(threads if torch.device(device).type == "cpu" else None):
+        return {name: time_fn(fn, device=device, warmup=1, repeats=repeats).median_s * 1e3
+                for name, fn in runs.items()}

@@ -176,3 +176,162 @@ def test_measure_attention_reports_out_of_memory_and_reraises_other_errors(monke
 
 def test_sdpa_kernel_name_is_an_sdpa_op():
     assert "scaled_dot_product" in ac.sdpa_kernel_name(*ac.make_qkv(64, n_head=2, head_dim=16))
+
+
+# ---- labutils.kernels.tiled: online-softmax attention by hand ---------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from labutils.kernels import (attention_weights, causal_tile_counts, model_attention_weights,  # noqa: E402
+                              skipped_tile_fraction, tile_is_masked, tiled_attention)
+
+
+@settings(max_examples=60)
+@given(batch=st.integers(1, 2), n_kv=st.integers(1, 2), group=st.integers(1, 2), t=st.integers(1, 70),
+       d=st.integers(1, 12), block_q=st.integers(1, 40), block_k=st.integers(1, 40), causal=st.booleans(),
+       seed=st.integers(0, 2 ** 16))
+def test_tiled_equals_sdpa(batch, n_kv, group, t, d, block_q, block_k, causal, seed):
+    q, k, v = qkv(batch, n_kv * group, n_kv, t, t, d, torch.float32, seed)
+    got = tiled_attention(q, k, v, causal=causal, block_q=block_q, block_k=block_k)
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=group > 1)
+    assert got.shape == want.shape
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-4), (got - want).abs().max().item()
+
+
+@pytest.mark.parametrize("n_head,n_kv_head,tq,tk,q_offset", CASES)
+def test_tiled_with_offset_queries_equals_reference(n_head, n_kv_head, tq, tk, q_offset):
+    """Decode steps and later prefill chunks: queries at q_offset.. over a longer key buffer."""
+    q, k, v = qkv(2, n_head, n_kv_head, tq, tk, 8, torch.float64)
+    got = tiled_attention(q, k, v, causal=True, block_q=3, block_k=4, q_offset=q_offset)
+    assert (got - reference(q, k, v, q_offset)).abs().max().item() < 1e-10
+
+
+@settings(max_examples=80)
+@given(t=st.integers(1, 300), block_q=st.integers(1, 80), block_k=st.integers(1, 80))
+def test_skipped_tiles_match_the_mask_and_the_kernel(t, block_q, block_k):
+    """A tile counts as skipped exactly when the causal mask is False on all of it, and the kernel skips those."""
+    mask = causal_mask(t, t)
+    brute = sum(not mask[qs:qs + block_q, ks:ks + block_k].any()
+                for qs in range(0, t, block_q) for ks in range(0, t, block_k))
+    skipped, total = causal_tile_counts(t, block_q, block_k)
+    assert skipped == brute and total == math.ceil(t / block_q) * math.ceil(t / block_k)
+    if t <= 80:   # the kernel itself, on shapes cheap enough to run many times
+        stats = {}
+        q, k, v = qkv(1, 1, 1, t, t, 2, torch.float32)
+        tiled_attention(q, k, v, block_q=block_q, block_k=block_k, stats=stats)
+        assert (stats["tiles_skipped"], stats["tiles_computed"]) == (skipped, total - skipped)
+
+
+def test_skipped_fraction_tends_to_a_half():
+    assert skipped_tile_fraction(64, 64, 64) == 0                 # one tile, on the diagonal
+    assert skipped_tile_fraction(256, 64, 64) == 6 / 16           # n blocks: n(n-1)/2 of n^2
+    assert 0.49 < skipped_tile_fraction(8192, 64, 64) < 0.5
+    assert tile_is_masked(0, 64, 64) and not tile_is_masked(0, 64, 63)
+    assert not tile_is_masked(0, 1, 5, q_offset=5)                # a decode query sees its own key
+
+
+def test_tiled_holds_only_tiles():
+    """The largest score block is one tile, and the measured peak stays far below one [T, T] score matrix."""
+    q, k, v = ac.make_qkv(512, n_head=2, head_dim=16)
+    stats = {}
+    peak, _ = ac.peak_memory_bytes(lambda: tiled_attention(q, k, v, block_q=32, block_k=64, stats=stats), "cpu")
+    assert stats["largest_scores"] == (32, 64)
+    out_bytes = q.numel() * q.element_size()
+    assert peak < out_bytes + ac.score_matrix_bytes(512, 2) / 8
+    naive_peak, _ = ac.peak_memory_bytes(lambda: naive_attention(q, k, v), "cpu")
+    assert naive_peak > 4 * peak
+
+
+def test_tiled_refuses_bad_arguments():
+    q, k, v = qkv(1, 2, 2, 5, 5, 4, torch.float32)
+    with pytest.raises(ValueError, match="block_q must be >= 1, got 0; tiles hold at least one query"):
+        tiled_attention(q, k, v, block_q=0)
+    with pytest.raises(TypeError, match="block_k must be an int"):
+        tiled_attention(q, k, v, block_k=2.5)
+    with pytest.raises(TypeError, match="causal must be True or False"):
+        tiled_attention(q, k, v, causal="yes")
+    with pytest.raises(ValueError, match=r"q must be a 4-D tensor.*got \(5, 4\)"):
+        tiled_attention(q[0, 0], k, v)
+    with pytest.raises(ValueError, match="k and v must share one shape"):
+        tiled_attention(q, k, v[..., :3, :])
+    with pytest.raises(ValueError, match="seq_len must be >= 1, got 0"):
+        causal_tile_counts(0)
+
+
+# ---- attention weights, and a trained model's --------------------------------------------------------
+
+def test_attention_weights_are_causal_rows_that_sum_to_one():
+    q, k, v = qkv(1, 4, 2, 6, 6, 8, torch.float64)
+    w = attention_weights(q, k)
+    assert w.shape == (1, 4, 6, 6)
+    assert torch.equal(w.triu(1), torch.zeros_like(w))
+    assert torch.allclose(w.sum(-1), torch.ones(1, 4, 6, dtype=torch.float64))
+    assert torch.allclose(w @ v.repeat_interleave(2, dim=1), naive_attention(q, k, v))
+
+
+def test_model_attention_weights_rederive_the_layer():
+    """Weights from the hook equal those computed by hand from the layer's input, and reproduce its output."""
+    from labutils.model import GPT, GPTConfig
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=50, context_length=16, n_layer=2, n_head=4, n_embd=16, n_kv_head=2)).eval()
+    ids = [3, 1, 4, 1, 5, 9, 2]
+    w = model_attention_weights(model, ids, layer=1)
+    assert w.shape == (4, 7, 7)
+    caught = {}
+    model.blocks[1].attn.register_forward_hook(lambda m, inp, out: caught.update(x=inp[0], y=out))
+    with torch.no_grad():
+        model(torch.tensor([ids]))
+        attn = model.blocks[1].attn
+        q, k, v = attn.qkv(caught["x"][0]).split([16, 8, 8], dim=-1)
+        q, k, v = (t.view(7, -1, 4).transpose(0, 1) for t in (q, k, v))
+        by_hand = torch.softmax((q @ k.repeat_interleave(2, 0).transpose(-2, -1) / 2).masked_fill(
+            ~causal_mask(7, 7), float("-inf")), dim=-1)
+        y = attn.proj((w @ v.repeat_interleave(2, 0)).transpose(0, 1).reshape(7, 16))
+    assert torch.allclose(w, by_hand, atol=1e-6)
+    assert torch.allclose(y, caught["y"][0], atol=1e-6)
+    with pytest.raises(ValueError, match=r"layer must be <= 1, got 2; this model has layers 0..1"):
+        model_attention_weights(model, ids, layer=2)
+    with pytest.raises(ValueError, match="ids must be one non-empty prompt"):
+        model_attention_weights(model, [], layer=0)
+
+
+def test_flash_traffic_rereads_k_and_v_once_per_query_block():
+    one = 2 * 12 * 1024 * 64                      # bytes of one [12, 1024, 64] fp16 tensor
+    assert ac.flash_traffic_bytes(1024, 12, 64, block_q=128, dtype=torch.float16) == 2 * one + 8 * 2 * one
+    assert ac.flash_traffic_bytes(1000, 1, 4, block_q=128) == 2 * 4000 * 4 + 8 * 2 * 4000 * 4   # ceil(1000/128) = 8
+    # One block holding every query reads each tensor exactly once: the QKVO minimum.
+    assert ac.flash_traffic_bytes(256, 4, 32, block_q=256) == ac.qkvo_bytes(256, 4, 32)
+    with pytest.raises(ValueError, match="block_q must be >= 1, got 0"):
+        ac.flash_traffic_bytes(256, 4, 32, block_q=0)
+    with pytest.raises(ValueError, match="head_dim must be >= 1, got 0"):
+        ac.qkvo_bytes(256, 4, 0)
+
+
+def test_cpu_memory_events_see_every_score_matrix_naive_writes():
+    """Naive attention allocates four fp32 [T, T] tensors: scores, scaled, masked, probabilities."""
+    q, k, v = ac.make_qkv(64, n_head=2, head_dim=8)
+    s = ac.score_matrix_bytes(64, 2)
+    events = ac.cpu_memory_events(lambda: naive_attention(q, k, v))
+    assert sum(e == s for e in events) == 4
+    assert sum(events) == 0                          # and everything, the output too, is freed again
+    assert ac.cpu_memory_events(lambda: torch.ones(10)).count(40) == 1
+    with pytest.raises(TypeError, match="fn must be a function of no arguments"):
+        ac.cpu_memory_events(42)
+
+
+def test_measure_causal_skip_times_four_runs_and_restores_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        ms = ac.measure_causal_skip(96, n_head=1, head_dim=8, block=16, repeats=1)   # runs on one thread
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert list(ms) == ["tiled, causal", "tiled, full", "sdpa, causal", "sdpa, full"]
+    assert all(t > 0 for t in ms.values())
+    with pytest.raises(ValueError, match="block must be >= 1, got 0"):
+        ac.measure_causal_skip(96, block=0)
+    with pytest.raises(ValueError, match="threads must be >= 1, got 0"):
+        ac.measure_causal_skip(96, threads=0)

@@ -38,13 +38,23 @@ def _repeat_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     return k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
 
 
-def naive_attention(q, k, v, q_offset: int = 0, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """softmax(QK^T / sqrt(d) + causal mask) V, with the full [Tq, Tk] score matrix in memory."""
-    k, v = _repeat_kv(q, k, v)
+def attention_weights(q, k, q_offset: int = 0, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(QK^T / sqrt(d) + causal mask): [B, n_head, Tq, Tk], each row positive and summing to 1.
+
+    The probabilities naive attention multiplies V by; lesson 03 also draws them as a heatmap.
+    """
+    if k.shape[1] != q.shape[1]:
+        k = k.repeat_interleave(_group(q, k), dim=1)
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
     allowed = causal_mask(q.shape[-2], k.shape[-2], q_offset, q.device) if mask is None else mask
     scores = scores.masked_fill(~allowed, float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v
+    return torch.softmax(scores, dim=-1)
+
+
+def naive_attention(q, k, v, q_offset: int = 0, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(QK^T / sqrt(d) + causal mask) V, with the full [Tq, Tk] score matrix in memory."""
+    k, v = _repeat_kv(q, k, v)
+    return attention_weights(q, k, q_offset, mask) @ v
 
 
 def _grouped_sdpa(q, k, v, mask: torch.Tensor) -> torch.Tensor:
