@@ -112,6 +112,18 @@ def accept(p: torch.Tensor, q: torch.Tensor | None, proposal: torch.Tensor, temp
     return a, int(draw(residual[None], temperature, generator))
 
 
+def accept_greedy(logits: torch.Tensor, proposal: torch.Tensor) -> tuple[int, int]:
+    """accept() at temperature 0, without building distributions: logits [m+1, vocab] from the verify pass.
+
+    A proposal is kept exactly when it is the target's argmax, and the token after the kept run is the
+    target's argmax there, so the step emits plain greedy decoding's tokens. One host read for both.
+    """
+    best = logits.argmax(dim=-1)                                   # the target's greedy token at each position
+    m = proposal.shape[0]
+    a = int((best[:m] == proposal).long().cumprod(0).sum()) if m else 0
+    return a, int(best[a])
+
+
 def check_draft(target, draft, needed: int) -> None:
     """Refuse a draft that cannot serve this request, before any forward pass is spent."""
     if isinstance(draft, str):
@@ -221,8 +233,10 @@ def speculative_generate(target, draft, ids, max_new_tokens: int, *, k: int = 4,
         n = len(seq)
         verify_ids = torch.cat([torch.tensor([seq[-1]], device=device), proposal])[None]
         logits = target(verify_ids, t_cache, check=False)[0]             # all m + 1 positions
-        p = sampling_probs(logits, **sampling)
-        a, tok = accept(p, q, proposal, temperature, generator)
+        if temperature == 0:
+            a, tok = accept_greedy(logits, proposal)
+        else:
+            a, tok = accept(sampling_probs(logits, **sampling), q, proposal, temperature, generator)
         step_tokens = proposal[:a].tolist() + [tok]
         # Roll back: entries past the accepted tokens are simply overwritten by the next step.
         t_cache.pos = n + a
@@ -238,5 +252,5 @@ def speculative_generate(target, draft, ids, max_new_tokens: int, *, k: int = 4,
                              rejected=rejected, steps=steps, per_step=per_step)
 
 
-__all__ = ["PROMPT_LOOKUP", "SpeculativeResult", "accept", "draw", "expected_speedup", "expected_tokens_per_step",
+__all__ = ["PROMPT_LOOKUP", "SpeculativeResult", "accept", "accept_greedy", "draw", "expected_speedup", "expected_tokens_per_step",
            "lookup_proposals", "propose", "speculative_generate"]

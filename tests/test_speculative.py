@@ -9,7 +9,7 @@ from test_generate import count_forwards, make_model, prompt
 
 from labutils.generate import generate, sampling_probs
 from labutils.model import GPT, GPTConfig
-from labutils.speculative import (PROMPT_LOOKUP, accept, expected_speedup, expected_tokens_per_step,
+from labutils.speculative import (PROMPT_LOOKUP, accept, accept_greedy, expected_speedup, expected_tokens_per_step,
                                   lookup_proposals, speculative_generate)
 
 N_NEW = 40
@@ -245,6 +245,18 @@ def test_greedy_accept_keeps_matching_argmaxes_and_corrects_the_first_miss():
     assert accept(p, q, torch.tensor([4, 1, 2]), 0.0) == (2, 0)     # third proposal wrong: the target's 0
     assert accept(p, q[:2], torch.tensor([4, 1]), 0.0) == (2, 0)    # all kept: bonus from p[2]
     assert accept(p, None, torch.tensor([4, 1, 0]), 0.0) == (3, 3)  # lookup, all kept: bonus from p[3]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_accept_greedy_agrees_with_accept_on_one_hot_distributions(seed):
+    # The greedy fast path must be accept() at temperature 0, ties included (argmax takes the first).
+    g = torch.Generator().manual_seed(seed)
+    m = int(torch.randint(0, 6, (1,), generator=g))
+    logits = torch.randint(0, 3, (m + 1, 7), generator=g).float()       # few values: many ties
+    proposal = torch.randint(0, 7, (m,), generator=g)
+    if m and seed % 2:
+        proposal[: m // 2 + 1] = logits[: m // 2 + 1].argmax(-1)        # a kept run, then maybe a miss
+    assert accept_greedy(logits, proposal) == accept(sampling_probs(logits), None, proposal, 0.0)
 
 
 # ---------------------------------------------------------------- formulas and lookup
