@@ -237,6 +237,16 @@ def get_encoding(name: str = "cl100k_base") -> tiktoken.Encoding:
     raise ValueError(f"unknown encoding {name!r}; choose one of {', '.join(map(repr, ENCODING_NAMES))}")
 
 
+def as_encoding(enc: tiktoken.Encoding | str) -> tiktoken.Encoding:
+    """enc itself if it is a tiktoken.Encoding, the encoding of that name if it is a name; else a TypeError."""
+    if isinstance(enc, str):
+        return get_encoding(enc)
+    if not isinstance(enc, tiktoken.Encoding):
+        raise TypeError(f"enc must be a tiktoken.Encoding or an encoding name, got {describe(enc)}; "
+                        f"e.g. get_encoding('course'), or one of {list(ENCODING_NAMES)}")
+    return enc
+
+
 _SURROGATE = regex.compile(r"[\ud800-\udfff]")
 
 
@@ -252,11 +262,7 @@ def encode(enc: tiktoken.Encoding | str, text: str, allowed_special: str | set =
     join a pair into its emoji, so the text would not come back. encode refuses it with a ValueError
     that says how to repair the text.
     """
-    if isinstance(enc, str):
-        enc = get_encoding(enc)
-    if not isinstance(enc, tiktoken.Encoding):
-        raise TypeError(f"enc must be a tiktoken.Encoding or an encoding name, got {describe(enc)}; "
-                        f"e.g. get_encoding('course'), or one of {list(ENCODING_NAMES)}")
+    enc = as_encoding(enc)
     if isinstance(text, (bytes, bytearray)):
         raise TypeError("encode takes text, got bytes: decode them first, e.g. data.decode('utf-8')")
     if not isinstance(text, str):
