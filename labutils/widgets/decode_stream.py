@@ -1,7 +1,6 @@
 """Decode stream: generated text that grows in the notebook as each token reaches the host."""
 from __future__ import annotations
 
-import codecs
 import html
 import time
 
@@ -9,14 +8,15 @@ import ipywidgets as w
 import tiktoken
 import torch
 
+from ..detokenize import StreamDecoder
 from ..validate import check_count, describe
 
 
 class DecodeStream(w.VBox):
     """A read-only text box and a status line; pass `on_token` to fast_generate or FastDecoder.generate.
 
-    Tokens arrive as ids; a character can span several byte-level tokens, so bytes go through an
-    incremental UTF-8 decoder that holds back an unfinished character instead of printing garbage.
+    Tokens arrive as ids; a character can span several byte-level tokens, so they go through lesson
+    01's StreamDecoder, which holds back an unfinished character instead of printing garbage.
     """
 
     def __init__(self, enc: tiktoken.Encoding, prompt: str = "", row: int = 0):
@@ -33,13 +33,14 @@ class DecodeStream(w.VBox):
         if not isinstance(prompt, str):
             raise TypeError(f"prompt must be text (a str), got {describe(prompt)}")
         self.prompt, self.ids, self.generated = prompt, [], ""
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._stream = StreamDecoder(self.enc)
         self._t0: float | None = None
         self.area.value, self.status.value = prompt, "waiting for the first token"
 
     @property
     def text(self) -> str:
-        return self.prompt + self.generated
+        """Prompt and generated text as enc.decode gives it: a character cut off at the end shows as U+FFFD."""
+        return self.prompt + self.generated + self._stream.pending.decode("utf-8", errors="replace")
 
     def on_token(self, tokens: torch.Tensor) -> None:
         """One step's tokens [batch] on the host: append row `row`'s token and show the pace so far."""
@@ -48,16 +49,12 @@ class DecodeStream(w.VBox):
             raise ValueError(f"tokens must be one step's token ids [batch] with batch > row={self.row}, got {got}; "
                              "pass DecodeStream.on_token as fast_generate's on_token")
         tid = int(tokens[self.row])
-        try:
-            piece = self.enc.decode_single_token_bytes(tid)
-        except KeyError:
-            raise ValueError(f"token id {tid} is not in the {self.enc.name} encoding (vocabulary "
-                             f"{self.enc.n_vocab:,}); decode with the encoding the model was trained on") from None
+        piece = self._stream.push(tid)        # checks the id against the encoding first
         now = time.perf_counter()
         self._t0 = now if self._t0 is None else self._t0
         self.ids.append(tid)
-        self.generated += self._utf8.decode(piece)
-        self.area.value = self.text
+        self.generated += piece
+        self.area.value = self.prompt + self.generated
         n = len(self.ids)
         pace = f", {(n - 1) / (now - self._t0):,.0f} tokens/s since the first" if n > 1 and now > self._t0 else ""
         self.status.value = html.escape(f"{n} tokens{pace}")
