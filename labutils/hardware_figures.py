@@ -1,0 +1,90 @@
+"""Lesson 00's two figures: copy bandwidth against buffer size, and this machine against the datasheets."""
+from __future__ import annotations
+
+import math
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .hardware import MiB, SPECS, DeviceSpec
+from .validate import check_positive
+
+MEASURED_COLOR = "crimson"
+NO_FIGURE_TEXT = "no FLOP/s figure in the cited source"
+# Why bars are missing: SPECS keeps None where the cited source gives no figure, and invents none.
+NOTE = ("A missing bar is a figure the cited source does not give (hardware.SPECS keeps None).<br>"
+        "Apple quotes no fp16/bf16 matrix rate for its GPUs; x marks rows with no FLOP/s figure at all.")
+
+
+def bandwidth_figure(sizes, bandwidths_Bps, cache_bytes: int | None = None,
+                     cache_text: str = "last-level cache", title: str = "Copy bandwidth vs buffer size") -> go.Figure:
+    """Copy bandwidth (GB/s) against buffer size (MiB, log axis), with a dotted line at the cache size.
+
+    Plotly reads a shape's x in data units but an annotation's x in log10 units on a log axis, so the
+    label is placed at log10(size); the x range is set from the data and the cache line, so nothing
+    stretches the axis.
+    """
+    sizes, bandwidths_Bps = list(sizes), list(bandwidths_Bps)
+    if not sizes or len(sizes) != len(bandwidths_Bps):
+        raise ValueError(f"sizes and bandwidths_Bps must be equal, non-empty lists, got {len(sizes)} sizes and "
+                         f"{len(bandwidths_Bps)} bandwidths; pass one bandwidth per buffer size")
+    x = [check_positive("size", s) / MiB for s in sizes]
+    fig = go.Figure(go.Scatter(x=x, y=[b / 1e9 for b in bandwidths_Bps], mode="lines+markers",
+                               name="copy bandwidth"))
+    ends = [min(x), max(x)]
+    if cache_bytes:
+        cache_mib = check_positive("cache_bytes", cache_bytes) / MiB
+        fig.add_vline(x=cache_mib, line_dash="dot")
+        fig.add_annotation(x=math.log10(cache_mib), xref="x", y=1, yref="paper", yanchor="bottom",
+                           text=cache_text, showarrow=False)
+        ends += [cache_mib]
+    pad = 0.15   # a little room (in decades) either side of the outermost point
+    fig.update_layout(title=title, yaxis_title="GB/s (read + write)", margin=dict(t=90),
+                      xaxis=dict(title="buffer size (MiB)", type="log",
+                                 range=[math.log10(min(ends)) - pad, math.log10(max(ends)) + pad]))
+    return fig
+
+
+def _has_flops(spec: DeviceSpec) -> bool:
+    return spec.tflops_16 is not None or spec.tflops_32 is not None
+
+
+def datasheet_figure(bandwidth_Bps: float, flops: float, dtype: str = "float32",
+                     specs: dict[str, DeviceSpec] = SPECS) -> go.Figure:
+    """Bars: this machine's measured bandwidth and FLOP/s next to each datasheet row (log scale).
+
+    The measured machine is one legend entry (its two bars share a legend group). A row without any
+    published FLOP/s figure (Apple's M-series GPUs: no fp16 matrix figure, and most give no TFLOP/s
+    at all) gets an open marker and a legend entry saying so, instead of a silent gap.
+    """
+    bandwidth_Bps, flops = check_positive("bandwidth_Bps", bandwidth_Bps), check_positive("flops", flops)
+    me, rows = "this machine", list(specs.values())
+    names = [me] + [s.name for s in rows]
+    measured = dict(legendgroup="measured", marker_color=MEASURED_COLOR, name=f"this machine (measured, {dtype})")
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("memory bandwidth (GB/s)", "matmul throughput (TFLOP/s)"))
+    fig.add_bar(x=[me], y=[bandwidth_Bps / 1e9], row=1, col=1, **measured)
+    fig.add_bar(x=[me], y=[flops / 1e12], row=1, col=2, showlegend=False, **measured)
+    fig.add_bar(x=[s.name for s in rows], y=[s.bandwidth_GBps for s in rows], name="spec: memory bandwidth",
+                marker_color="slategray", row=1, col=1)
+    fig.add_bar(x=[s.name for s in rows], y=[s.tflops_16 for s in rows], name="spec: fp16/bf16 tensor",
+                marker_color="steelblue", row=1, col=2)
+    fig.add_bar(x=[s.name for s in rows], y=[s.tflops_32 for s in rows], name="spec: fp32",
+                marker_color="lightsteelblue", row=1, col=2)
+    bare = [s.name for s in rows if not _has_flops(s)]
+    if bare:
+        # The bottom of the drawn bars, so the marker sits on the axis floor of the log scale.
+        floor = min([flops / 1e12] + [v for s in rows for v in (s.tflops_16, s.tflops_32) if v is not None])
+        fig.add_scatter(x=bare, y=[floor] * len(bare), mode="markers", name=NO_FIGURE_TEXT,
+                        marker=dict(symbol="x-open", size=11, color="gray"), row=1, col=2)
+    fig.update_xaxes(categoryorder="array", categoryarray=names)
+    fig.update_yaxes(type="log")
+    fig.update_layout(title="This machine against the datasheets (log scale)", barmode="group", height=520,
+                      margin=dict(b=150))
+    fig.add_annotation(text=NOTE, x=1, xref="paper", xanchor="right", y=-0.45, yref="paper", yanchor="top",
+                       showarrow=False, align="right", font=dict(size=11))
+    return fig
+
+
+def legend_names(fig: go.Figure) -> list[str]:
+    """The names the legend shows: traces with a name whose showlegend is not False."""
+    return [t.name for t in fig.data if t.name and t.showlegend is not False]
