@@ -6,6 +6,7 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from . import roofline
 from .hardware import MiB, SPECS, DeviceSpec
 from .validate import check_positive
 
@@ -16,13 +17,24 @@ NOTE = ("A missing bar is a figure the cited source does not give (hardware.SPEC
         "Apple quotes no fp16/bf16 matrix rate for its GPUs; x marks rows with no FLOP/s figure at all.")
 
 
+def add_log_vline(fig: go.Figure, x: float, text: str, xanchor: str = "center") -> None:
+    """A dotted vertical line with a label at the top, on a log x axis.
+
+    Plotly reads a shape's x in data units but an annotation's x in log10 units on a log axis, so
+    add_vline(annotation_text=...) would put the label (and stretch the axis) at 10**x.
+    """
+    x = check_positive("x", x)
+    fig.add_vline(x=x, line_dash="dot")
+    fig.add_annotation(x=math.log10(x), xref="x", y=1, yref="paper", yanchor="bottom", text=text,
+                       xanchor=xanchor, showarrow=False)
+
+
 def bandwidth_figure(sizes, bandwidths_Bps, cache_bytes: int | None = None,
                      cache_text: str = "last-level cache", title: str = "Copy bandwidth vs buffer size") -> go.Figure:
     """Copy bandwidth (GB/s) against buffer size (MiB, log axis), with a dotted line at the cache size.
 
-    Plotly reads a shape's x in data units but an annotation's x in log10 units on a log axis, so the
-    label is placed at log10(size); the x range is set from the data and the cache line, so nothing
-    stretches the axis.
+    The x range (log10 units) is set from the data and the cache line, so the line shows even when the
+    sweep stops short of it.
     """
     sizes, bandwidths_Bps = list(sizes), list(bandwidths_Bps)
     if not sizes or len(sizes) != len(bandwidths_Bps):
@@ -34,10 +46,10 @@ def bandwidth_figure(sizes, bandwidths_Bps, cache_bytes: int | None = None,
     ends = [min(x), max(x)]
     if cache_bytes:
         cache_mib = check_positive("cache_bytes", cache_bytes) / MiB
-        fig.add_vline(x=cache_mib, line_dash="dot")
-        fig.add_annotation(x=math.log10(cache_mib), xref="x", y=1, yref="paper", yanchor="bottom",
-                           text=cache_text, showarrow=False)
         ends += [cache_mib]
+        # Hang a long label to the side with room, one clause a line, so it is not clipped.
+        right_half = math.log10(cache_mib) > sum(math.log10(e) for e in (min(ends), max(ends))) / 2
+        add_log_vline(fig, cache_mib, cache_text.replace("; ", ";<br>"), "right" if right_half else "left")
     pad = 0.15   # a little room (in decades) either side of the outermost point
     fig.update_layout(title=title, yaxis_title="GB/s (read + write)", margin=dict(t=90),
                       xaxis=dict(title="buffer size (MiB)", type="log",
@@ -82,6 +94,24 @@ def datasheet_figure(bandwidth_Bps: float, flops: float, dtype: str = "float32",
                       margin=dict(b=150))
     fig.add_annotation(text=NOTE, x=1, xref="paper", xanchor="right", y=-0.45, yref="paper", yanchor="top",
                        showarrow=False, align="right", font=dict(size=11))
+    return fig
+
+
+def rooflines_figure(roofs, marks=(), intensities=None) -> go.Figure:
+    """One roofline per (label, peak FLOP/s, bandwidth B/s) in `roofs`, and a labelled line per (x, label) in `marks`.
+
+    Each roof is roofline.attainable_flops over `intensities` (default 1/16 ... 16,384 FLOP/byte), in TFLOP/s.
+    """
+    intensities = [2 ** (k / 4) for k in range(-16, 57)] if intensities is None else list(intensities)
+    fig = go.Figure()
+    for label, peak, bw in roofs:
+        fig.add_scatter(x=intensities, y=[roofline.attainable_flops(i, peak, bw) / 1e12 for i in intensities],
+                        name=label, mode="lines")
+    for x, label in marks:
+        add_log_vline(fig, x, label)
+    fig.update_layout(title="Rooflines: attainable TFLOP/s vs arithmetic intensity", margin=dict(t=90),
+                      xaxis=dict(title="arithmetic intensity (FLOP/byte)", type="log"),
+                      yaxis=dict(title="TFLOP/s", type="log"))
     return fig
 
 

@@ -231,6 +231,7 @@ def test_bandwidth_figure_puts_the_cache_label_in_log_units():
     (note,), (line,) = fig.layout.annotations, fig.layout.shapes
     assert line.x0 == line.x1 == 260                                 # shapes: data units
     assert note.x == pytest.approx(math.log10(260)) and note.text == "LLC"   # annotations: log10 units
+    assert note.xanchor == "right"                                   # near the right edge: hangs left
     lo, hi = fig.layout.xaxis.range                                  # in log10 units too
     assert lo <= math.log10(sizes[0] / hw.MiB) and hi >= math.log10(260)
     assert hi - lo < 6                                               # a few decades, not 10**260
@@ -250,3 +251,14 @@ def test_datasheet_figure_one_legend_entry_for_the_machine_and_no_silent_gaps():
     assert NO_FIGURE_TEXT in names and any("no fp16/bf16" in (a.text or "") for a in fig.layout.annotations)
     with pytest.raises(ValueError, match="flops must be a finite number > 0"):
         datasheet_figure(20e9, 0)
+
+
+def test_rooflines_figure_uses_the_one_formula_and_log_units_for_labels():
+    from labutils import roofline
+    from labutils.hardware_figures import rooflines_figure
+    fig = rooflines_figure([("A", 100e12, 1e12)], marks=[(1.0, "decode"), (961.0, "prefill")], intensities=[1, 100, 1e4])
+    assert list(fig.data[0].y) == [roofline.attainable_flops(i, 100e12, 1e12) / 1e12 for i in (1, 100, 1e4)]
+    assert [a.x for a in fig.layout.annotations] == [0.0, pytest.approx(math.log10(961))]
+    assert [s.x0 for s in fig.layout.shapes] == [1.0, 961.0]
+    with pytest.raises(ValueError, match="x must be a finite number > 0"):
+        rooflines_figure([], marks=[(0, "zero")])
