@@ -277,8 +277,12 @@ def bandwidth_sweep_sizes(device: torch.device | str | None = None, *, reach: in
 
 
 def sweep_repeats(nbytes: int) -> tuple[int, int]:
-    """(warmup, repeats) for one sweep point: a large copy is slow and steady, so it needs fewer of both."""
-    return (2, 5) if nbytes <= 64 * MiB else (1, 3) if nbytes <= 512 * MiB else (1, 2)
+    """(warmup, repeats) for one sweep point: a large copy is slow and steady, so it needs fewer of both.
+
+    A small copy takes microseconds, so one descheduled thread on a busy machine can make a single call
+    1,000x slower; nine repeats let the median ignore up to four such calls at almost no cost.
+    """
+    return (2, 9) if nbytes <= 64 * MiB else (1, 3) if nbytes <= 512 * MiB else (1, 2)
 
 
 def measure_bandwidth_sweep(sizes, device: torch.device | str | None = None, progress_desc: str = "") -> list[float]:

@@ -262,3 +262,16 @@ def test_rooflines_figure_uses_the_one_formula_and_log_units_for_labels():
     assert [s.x0 for s in fig.layout.shapes] == [1.0, 961.0]
     with pytest.raises(ValueError, match="x must be a finite number > 0"):
         rooflines_figure([], marks=[(0, "zero")])
+
+
+def test_device_cache_reads_a_gpus_l2(monkeypatch):
+    # No GPU in CI: fake the device and its properties; the sweep then plans past 4x that L2.
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(hw, "_resolve", lambda device=None: cuda)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("P", (), {"L2_cache_size": 50 << 20})())
+    assert hw.device_cache("cuda") == ("L2", 50 << 20)
+    assert hw.cache_label("cuda") == "last-level cache (L2, 50 MiB as reported)"
+    sizes = hw.bandwidth_sweep_sizes("cuda", free_bytes=80 * hw.GiB)
+    assert sizes[-1] == hw.GiB >= 4 * (50 << 20)            # default_copy_bytes for a GPU, past 4x its L2
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: object())   # an older torch
+    assert hw.device_cache("cuda") is None
