@@ -249,7 +249,7 @@ def measure_bandwidth(device: torch.device | str | None = None, nbytes: int | No
 def bandwidth_sweep_sizes(device: torch.device | str | None = None, *, reach: int = 4,
                           cache_bytes: int | None = -1, free_bytes: int | None = -1,
                           smallest: int = 64 << 10) -> list[int]:
-    """Buffer sizes (powers of two, then the top) for the copy sweep, from `smallest` to past `reach` x the last-level cache.
+    """Buffer sizes for the copy sweep: powers of two from `smallest`, then a top past `reach` x the cache.
 
     The top is max(reach x cache, default_copy_bytes(device)), so main memory shows beyond the cache;
     it is halved while the two buffers would take over half the free memory (the rule measure_bandwidth

@@ -1,4 +1,4 @@
-"""Lesson 00's two figures: copy bandwidth against buffer size, and this machine against the datasheets."""
+"""Lesson 00's figures: bandwidth against buffer size, this machine against the datasheets, rooflines."""
 from __future__ import annotations
 
 import math
@@ -8,9 +8,9 @@ from plotly.subplots import make_subplots
 
 from . import roofline
 from .hardware import MiB, SPECS, DeviceSpec
+from .request_figures import MEASURED_COLOR     # the course's one colour for "measured on this machine"
 from .validate import check_positive
 
-MEASURED_COLOR = "crimson"
 NO_FIGURE_TEXT = "no FLOP/s figure in the cited source"
 # Why bars are missing: SPECS keeps None where the cited source gives no figure, and invents none.
 NOTE = ("A missing bar is a figure the cited source does not give (hardware.SPECS keeps None).<br>"

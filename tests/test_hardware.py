@@ -256,7 +256,8 @@ def test_datasheet_figure_one_legend_entry_for_the_machine_and_no_silent_gaps():
 def test_rooflines_figure_uses_the_one_formula_and_log_units_for_labels():
     from labutils import roofline
     from labutils.hardware_figures import rooflines_figure
-    fig = rooflines_figure([("A", 100e12, 1e12)], marks=[(1.0, "decode"), (961.0, "prefill")], intensities=[1, 100, 1e4])
+    fig = rooflines_figure([("A", 100e12, 1e12)], marks=[(1.0, "decode"), (961.0, "prefill")],
+                           intensities=[1, 100, 1e4])
     assert list(fig.data[0].y) == [roofline.attainable_flops(i, 100e12, 1e12) / 1e12 for i in (1, 100, 1e4)]
     assert [a.x for a in fig.layout.annotations] == [0.0, pytest.approx(math.log10(961))]
     assert [s.x0 for s in fig.layout.shapes] == [1.0, 961.0]
@@ -268,7 +269,8 @@ def test_device_cache_reads_a_gpus_l2(monkeypatch):
     # No GPU in CI: fake the device and its properties; the sweep then plans past 4x that L2.
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(hw, "_resolve", lambda device=None: cuda)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("P", (), {"L2_cache_size": 50 << 20})())
+    props = type("Props", (), {"L2_cache_size": 50 << 20})()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
     assert hw.device_cache("cuda") == ("L2", 50 << 20)
     assert hw.cache_label("cuda") == "last-level cache (L2, 50 MiB as reported)"
     sizes = hw.bandwidth_sweep_sizes("cuda", free_bytes=80 * hw.GiB)
