@@ -277,3 +277,16 @@ def test_device_cache_reads_a_gpus_l2(monkeypatch):
     assert sizes[-1] == hw.GiB >= 4 * (50 << 20)            # default_copy_bytes for a GPU, past 4x its L2
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: object())   # an older torch
     assert hw.device_cache("cuda") is None
+
+
+@pytest.mark.parametrize("cache_mib, free_gib", [(c, f) for c in (0, 1, 32, 260, 1024) for f in (0.01, 1, 3, 64)])
+def test_sweep_sizes_property(cache_mib, free_gib):
+    MiB, GiB = hw.MiB, hw.GiB
+    free = int(free_gib * GiB)
+    sizes = hw.bandwidth_sweep_sizes("cpu", cache_bytes=cache_mib * MiB, free_bytes=free)
+    assert sizes and sizes == sorted(set(sizes)) and sizes[0] == 64 << 10
+    assert all(s & (s - 1) == 0 for s in sizes[:-1])                 # powers of two below the top
+    if sizes[-1] > 64 << 10:
+        assert 2 * sizes[-1] <= free // 2                            # never more than half the free memory
+    if 2 * 4 * cache_mib * MiB * 2 <= free // 2:                     # room to spare: the sweep passes 4x the cache
+        assert sizes[-1] >= 4 * cache_mib * MiB
