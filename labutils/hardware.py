@@ -66,8 +66,8 @@ def describe_device(device: torch.device | str | None = None) -> str:
     return f"{_cpu_model()} ({os.cpu_count()} cores)"
 
 
-def last_level_cache_bytes() -> int | None:
-    """Size of the CPU's largest cache (Linux sysfs), or None where we cannot tell."""
+def last_level_cache() -> tuple[int, int] | None:
+    """(level, bytes) of the CPU's largest cache as Linux sysfs reports it for cpu0, or None."""
     best = None
     for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
         try:
@@ -80,7 +80,47 @@ def last_level_cache_bytes() -> int | None:
             nbytes = int(m.group(1)) * {"": 1, "K": 1 << 10, "M": MiB, "G": GiB}[m.group(2)]
             if best is None or level > best[0]:
                 best = (level, nbytes)
-    return best[1] if best else None
+    return best
+
+
+def last_level_cache_bytes() -> int | None:
+    """Size of the CPU's largest cache (Linux sysfs), or None where we cannot tell."""
+    found = last_level_cache()
+    return found[1] if found else None
+
+
+def in_virtual_machine() -> bool:
+    """True when the CPU says it runs under a hypervisor (the x86 "hypervisor" flag in /proc/cpuinfo)."""
+    try:
+        return any(line.startswith("flags") and " hypervisor" in line
+                   for line in Path("/proc/cpuinfo").read_text().splitlines())
+    except OSError:
+        return False
+
+
+def device_cache(device: torch.device | str | None = None) -> tuple[str, int] | None:
+    """("L2", bytes) of a GPU's last-level cache, ("L3", bytes) or so of the CPU's; None where unknown (mps)."""
+    device = _resolve(device)
+    if device.type == "cuda":
+        nbytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
+        return ("L2", nbytes) if nbytes else None
+    if device.type == "cpu":
+        found = last_level_cache()
+        return (f"L{found[0]}", found[1]) if found else None
+    return None
+
+
+def cache_label(device: torch.device | str | None = None) -> str:
+    """How a plot should name the cache line: its level and size, and a warning where the size is doubtful."""
+    found = device_cache(device)
+    if found is None:
+        return "last-level cache: size unknown"
+    level, nbytes = found
+    label = f"last-level cache ({level}, {_fmt_bytes(nbytes)} as reported)"
+    if _resolve(device).type == "cpu" and in_virtual_machine():
+        # A hypervisor often passes the host's L3 through unchanged; the guest may own only a slice of it.
+        label += "; in a VM this may be the host's whole L3"
+    return label
 
 
 def free_memory_bytes(device: torch.device | str | None = None) -> int | None:
@@ -204,6 +244,54 @@ def measure_bandwidth(device: torch.device | str | None = None, nbytes: int | No
 
     return _guarded(run, f"a {_fmt_bytes(2 * numel * 4)} copy (two {_fmt_bytes(numel * 4)} buffers) "
                          f"on {device}", "Pass a smaller nbytes= to measure_bandwidth, or free memory first.")
+
+
+def bandwidth_sweep_sizes(device: torch.device | str | None = None, *, reach: int = 4,
+                          cache_bytes: int | None = -1, free_bytes: int | None = -1,
+                          smallest: int = 64 << 10) -> list[int]:
+    """Buffer sizes for the copy sweep: powers of two from `smallest`, then a top past `reach` x the cache.
+
+    The top is max(reach x cache, default_copy_bytes(device)), so main memory shows beyond the cache;
+    it is halved while the two buffers would take over half the free memory (the rule measure_bandwidth
+    applies), so a small machine may stop short of it. cache_bytes / free_bytes default (-1) to this machine's.
+    """
+    reach = check_count("reach", reach, 1, 64, hint="4 x the cache is enough to see main memory")
+    smallest = check_count("smallest", smallest, 4096, hint="a copy of under 4 KiB measures the call")
+    if cache_bytes == -1:
+        found = device_cache(device)
+        cache_bytes = found[1] if found else None
+    elif cache_bytes is not None:
+        cache_bytes = check_count("cache_bytes", cache_bytes, 0, hint="pass None when the cache size is unknown")
+    if free_bytes == -1:
+        free_bytes = free_memory_bytes(device)
+    elif free_bytes is not None:
+        free_bytes = check_count("free_bytes", free_bytes, 0, hint="pass None when free memory is unknown")
+    # The top is the target itself (rounded up to whole MiB), not the next power of two: past 1 GiB every
+    # doubling costs seconds on a small machine.
+    top = -(-max(reach * (cache_bytes or 0), default_copy_bytes(device), smallest) // MiB) * MiB
+    while free_bytes is not None and top > smallest and 2 * top > free_bytes // 2:
+        top = max(top // 2 // MiB * MiB, smallest)
+    # Powers of two up to 3/4 of the top: a point just below it (1,024 MiB next to 1,040) adds time, not shape.
+    sizes = [1 << k for k in range((smallest - 1).bit_length(), top.bit_length()) if 4 * (1 << k) <= 3 * top]
+    return sizes + [top]
+
+
+def sweep_repeats(nbytes: int) -> tuple[int, int]:
+    """(warmup, repeats) for one sweep point: a large copy is slow and steady, so it needs fewer of both.
+
+    A small copy takes microseconds, so one descheduled thread on a busy machine can make a single call
+    1,000x slower; nine repeats let the median ignore up to four such calls at almost no cost.
+    """
+    return (2, 9) if nbytes <= 64 * MiB else (1, 3) if nbytes <= 512 * MiB else (1, 2)
+
+
+def measure_bandwidth_sweep(sizes, device: torch.device | str | None = None, progress_desc: str = "") -> list[float]:
+    """measure_bandwidth (bytes/s) at each buffer size, with sweep_repeats; a progress bar when a name is given."""
+    from .progress import progress
+    device = _resolve(device)
+    sizes = [check_count("size", s, 4096) for s in sizes]
+    return [measure_bandwidth(device, nbytes=s, warmup=sweep_repeats(s)[0], repeats=sweep_repeats(s)[1])
+            for s in (progress(sizes, desc=progress_desc) if progress_desc else sizes)]
 
 
 # ---------------------------------------------------------------------------------------------

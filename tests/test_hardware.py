@@ -176,3 +176,117 @@ def test_spec_table_sanity():
     assert match_spec("Apple M1").name == "Apple M1"
     assert match_spec("Apple M1 Pro") is None
     assert match_spec("Intel(R) Xeon(R) Processor (2 cores)") is None
+
+
+# ---- the bandwidth sweep and lesson 00's figures ----------------------------------------------------------
+
+def test_sweep_reaches_past_the_cache_and_respects_free_memory():
+    MiB, GiB = hw.MiB, hw.GiB
+    sizes = hw.bandwidth_sweep_sizes("cpu", cache_bytes=260 * MiB, free_bytes=64 * GiB)
+    assert sizes == sorted(set(sizes)) and sizes[0] == 64 << 10
+    assert sizes[-1] >= 4 * 260 * MiB                      # main memory is seen well beyond the cache
+    small = hw.bandwidth_sweep_sizes("cpu", cache_bytes=260 * MiB, free_bytes=2 * GiB)
+    assert 2 * small[-1] <= (2 * GiB) // 2                  # two buffers fit in half the free memory
+    unknown = hw.bandwidth_sweep_sizes("cpu", cache_bytes=None, free_bytes=None)
+    assert unknown[-1] == hw.default_copy_bytes("cpu")
+    assert hw.bandwidth_sweep_sizes("cpu", cache_bytes=0, free_bytes=None, reach=8)[-1] == unknown[-1]
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(reach=0), ValueError, "reach must be >= 1"),
+    (dict(cache_bytes=2.5), TypeError, "cache_bytes must be an int"),
+    (dict(free_bytes=-3), ValueError, "free_bytes must be >= 0"),
+    (dict(smallest=10), ValueError, "smallest must be >= 4096"),
+])
+def test_sweep_sizes_reject_bad_input(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        hw.bandwidth_sweep_sizes("cpu", **kwargs)
+
+
+def test_sweep_uses_fewer_repeats_for_huge_buffers(monkeypatch):
+    assert hw.sweep_repeats(1 << 20) >= hw.sweep_repeats(256 * hw.MiB) >= hw.sweep_repeats(2 * hw.GiB)
+    assert hw.sweep_repeats(2 * hw.GiB)[1] < hw.sweep_repeats(1 << 20)[1]
+    calls = []
+    monkeypatch.setattr(hw, "measure_bandwidth", lambda device, nbytes, warmup, repeats:
+                        calls.append((nbytes, warmup, repeats)) or float(nbytes))
+    sizes = [1 << 20, 2 * hw.GiB]
+    assert hw.measure_bandwidth_sweep(sizes, "cpu") == [float(s) for s in sizes]
+    assert calls == [(s, *hw.sweep_repeats(s)) for s in sizes]
+
+
+def test_cache_label_names_level_size_and_the_vm_caveat(monkeypatch):
+    monkeypatch.setattr(hw, "last_level_cache", lambda: (3, 260 * hw.MiB))
+    monkeypatch.setattr(hw, "in_virtual_machine", lambda: False)
+    assert hw.cache_label("cpu") == "last-level cache (L3, 260 MiB as reported)"
+    monkeypatch.setattr(hw, "in_virtual_machine", lambda: True)
+    assert "in a VM this may be the host's" in hw.cache_label("cpu")
+    monkeypatch.setattr(hw, "last_level_cache", lambda: None)
+    assert hw.cache_label("cpu") == "last-level cache: size unknown" and hw.device_cache("cpu") is None
+
+
+def test_bandwidth_figure_puts_the_cache_label_in_log_units():
+    from labutils.hardware_figures import bandwidth_figure
+    sizes = [2 ** k for k in range(16, 29, 2)]                       # 64 KiB ... 256 MiB
+    fig = bandwidth_figure(sizes, [1e10] * len(sizes), cache_bytes=260 * hw.MiB, cache_text="LLC")
+    (note,), (line,) = fig.layout.annotations, fig.layout.shapes
+    assert line.x0 == line.x1 == 260                                 # shapes: data units
+    assert note.x == pytest.approx(math.log10(260)) and note.text == "LLC"   # annotations: log10 units
+    assert note.xanchor == "right"                                   # near the right edge: hangs left
+    lo, hi = fig.layout.xaxis.range                                  # in log10 units too
+    assert lo <= math.log10(sizes[0] / hw.MiB) and hi >= math.log10(260)
+    assert hi - lo < 6                                               # a few decades, not 10**260
+    with pytest.raises(ValueError, match="one bandwidth per buffer size"):
+        bandwidth_figure(sizes, [1e10])
+
+
+def test_datasheet_figure_one_legend_entry_for_the_machine_and_no_silent_gaps():
+    from labutils.hardware_figures import NO_FIGURE_TEXT, datasheet_figure, legend_names
+    fig = datasheet_figure(20e9, 100e9, "float32")
+    names = legend_names(fig)
+    assert sum("this machine" in n for n in names) == 1 and len(names) == len(set(names))
+    measured = [t for t in fig.data if "this machine" in (t.name or "")]
+    assert len(measured) == 2 and {t.legendgroup for t in measured} == {"measured"}
+    bare = next(t for t in fig.data if t.name == NO_FIGURE_TEXT)
+    assert list(bare.x) == [s.name for s in SPECS.values() if s.tflops_16 is None and s.tflops_32 is None]
+    assert NO_FIGURE_TEXT in names and any("no fp16/bf16" in (a.text or "") for a in fig.layout.annotations)
+    with pytest.raises(ValueError, match="flops must be a finite number > 0"):
+        datasheet_figure(20e9, 0)
+
+
+def test_rooflines_figure_uses_the_one_formula_and_log_units_for_labels():
+    from labutils import roofline
+    from labutils.hardware_figures import rooflines_figure
+    fig = rooflines_figure([("A", 100e12, 1e12)], marks=[(1.0, "decode"), (961.0, "prefill")],
+                           intensities=[1, 100, 1e4])
+    assert list(fig.data[0].y) == [roofline.attainable_flops(i, 100e12, 1e12) / 1e12 for i in (1, 100, 1e4)]
+    assert [a.x for a in fig.layout.annotations] == [0.0, pytest.approx(math.log10(961))]
+    assert [s.x0 for s in fig.layout.shapes] == [1.0, 961.0]
+    with pytest.raises(ValueError, match="x must be a finite number > 0"):
+        rooflines_figure([], marks=[(0, "zero")])
+
+
+def test_device_cache_reads_a_gpus_l2(monkeypatch):
+    # No GPU in CI: fake the device and its properties; the sweep then plans past 4x that L2.
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(hw, "_resolve", lambda device=None: cuda)
+    props = type("Props", (), {"L2_cache_size": 50 << 20})()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+    assert hw.device_cache("cuda") == ("L2", 50 << 20)
+    assert hw.cache_label("cuda") == "last-level cache (L2, 50 MiB as reported)"
+    sizes = hw.bandwidth_sweep_sizes("cuda", free_bytes=80 * hw.GiB)
+    assert sizes[-1] == hw.GiB >= 4 * (50 << 20)            # default_copy_bytes for a GPU, past 4x its L2
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: object())   # an older torch
+    assert hw.device_cache("cuda") is None
+
+
+@pytest.mark.parametrize("cache_mib, free_gib", [(c, f) for c in (0, 1, 32, 260, 1024) for f in (0.01, 1, 3, 64)])
+def test_sweep_sizes_property(cache_mib, free_gib):
+    MiB, GiB = hw.MiB, hw.GiB
+    free = int(free_gib * GiB)
+    sizes = hw.bandwidth_sweep_sizes("cpu", cache_bytes=cache_mib * MiB, free_bytes=free)
+    assert sizes and sizes == sorted(set(sizes)) and sizes[0] == 64 << 10
+    assert all(s & (s - 1) == 0 for s in sizes[:-1])                 # powers of two below the top
+    if sizes[-1] > 64 << 10:
+        assert 2 * sizes[-1] <= free // 2                            # never more than half the free memory
+    if 2 * 4 * cache_mib * MiB * 2 <= free // 2:                     # room to spare: the sweep passes 4x the cache
+        assert sizes[-1] >= 4 * cache_mib * MiB
