@@ -4,6 +4,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from . import roofline
+from .hardware_figures import add_log_vline
 from .request_figures import DECODE_COLOR, MEASURED_COLOR, PREFILL_COLOR
 
 INTENSITIES = [2 ** (k / 4) for k in range(-12, 57)]      # 1/8 ... 16,384 FLOP/byte, for drawing the roofs
@@ -27,7 +28,7 @@ def roofline_figure(peaks, points=(), specs=()) -> go.Figure:
                                 ("decode (batch)", DECODE_COLOR, "diamond"), ("selected", "black", "star")]:
         fig.add_scatter(x=[], y=[], text=[], mode="markers+text", textposition="top center", name=name,
                         marker=dict(color=color, symbol=symbol, size=14 if name == "selected" else 10))
-    fig.add_vline(x=peaks.ridge, line_dash="dot", annotation_text=f"ridge {peaks.ridge:.0f} FLOP/byte")
+    add_log_vline(fig, peaks.ridge, f"ridge {peaks.ridge:.0f} FLOP/byte")
     fig.update_layout(title="Roofline: measured passes under this machine's measured ceilings", height=440,
                       xaxis=dict(title="arithmetic intensity (FLOP/byte)", type="log"),
                       yaxis=dict(title="FLOP/s", type="log"), margin=dict(l=10, r=10, t=50, b=40))
@@ -61,7 +62,7 @@ def batch_figure(cfg, batches, pos: int, dtype, peaks, points=()) -> go.Figure:
         go.Scatter(x=[], y=[], mode="lines+markers", name="measured", line=dict(color=DECODE_COLOR)),
     ])
     knee = roofline.knee_batch(cfg, pos, dtype, bandwidth_Bps=peaks.bandwidth_Bps, peak_flops=peaks.flops)
-    fig.add_vline(x=knee, line_dash="dot", line_color="gray", annotation_text=f"predicted knee {knee:.0f}")
+    add_log_vline(fig, knee, f"predicted knee {knee:.0f}")
     fig.update_layout(title="Decode throughput against batch", height=380, margin=dict(l=10, r=10, t=50, b=40),
                       xaxis=dict(title="batch (sequences decoded together)", type="log"),
                       yaxis=dict(title="output tokens/s", type="log"))

@@ -1,4 +1,6 @@
 """Lesson 07's measurements and figures: one pass on the roofline, the batch knee, the batch slider (headless)."""
+import math
+
 import pytest
 
 from labutils import measure, roofline
@@ -80,6 +82,17 @@ def test_roofline_figure_traces_and_points():
     assert list(prefill.y) == [1e11] and len(selected.x) == 0
     roof = fig.data[0]
     assert max(roof.y) == PEAKS.flops and roof.y[0] == pytest.approx(roof.x[0] * PEAKS.bandwidth_Bps)
+    # On a log axis plotly places an annotation at log10 units: the ridge label must sit at log10(ridge).
+    (label,) = [a for a in fig.layout.annotations if a.text.startswith("ridge")]
+    assert label.x == pytest.approx(math.log10(PEAKS.ridge))
+
+
+def test_batch_figure_knee_label_sits_at_the_knee_on_the_log_axis():
+    cfg = GPTConfig.preset("tiny")
+    fig = figs.batch_figure(cfg, [1, 2, 4, 8], 128, "fp32", PEAKS)
+    knee = roofline.knee_batch(cfg, 128, "fp32", bandwidth_Bps=PEAKS.bandwidth_Bps, peak_flops=PEAKS.flops)
+    (label,) = [a for a in fig.layout.annotations if a.text.startswith("predicted knee")]
+    assert label.x == pytest.approx(math.log10(knee))
 
 
 def fake_point(preset, phase, n, dtype, device, pos=128):
