@@ -7,7 +7,8 @@ and fails naming every cell that raised (error outputs, or a stderr output with 
 - lesson 06, whole (about 20 s): set the KV calculator's batch to 8; its summary becomes kv_summary(...)["text"] for
   batch 8 and its cache curve moves.
 - lesson 05, its first cell and its explorer cell only: the whole lesson takes about 120 s on the 2-core CI CPU,
-  mostly measurements the explorer does not need. A slider move measures one more prompt length and redraws.
+  mostly measurements the explorer does not need. A slider move measures one more prompt length and redraws; two
+  typed prompt lengths (256, 512) add points to the sweep for the screenshot.
 - lesson 09, its first cell, the cell that loads the tiny model, and the dashboard cell: the whole lesson takes about
   380 s (batch sweeps, static vs continuous runs, a long-context model, a vLLM section). The dashboard shows its Gantt
   and meters; 8 requests instead of 24 and a click on "Run workload" serve again and redraw it.
@@ -296,6 +297,11 @@ def test_lesson05_explorer_redraws_after_a_slider_move(lab):
         page.wait_for_function(done, arg=explorer, timeout=300_000)
         after = json.loads(plots(page, explorer))
         assert len(after[1][0][0]) == len(json.loads(before)[1][0][0]) + 1      # one more measured prompt length
+        for n in (256, 512):                                                    # a sweep worth a screenshot
+            before = plots(page, explorer)
+            type_into_readout(page, explorer, "prompt tokens", n)
+            wait_for_new_plots(page, explorer, before, timeout_s=300)
+            page.wait_for_function(done, arg=explorer, timeout=300_000)
         save_shot(page, explorer, "explorer.png")
 
 
