@@ -4,6 +4,7 @@ One JupyterLab server and one headless Chromium serve every test here; each test
 autosaves, and the stored lessons must keep their nbval outputs), clicks Run -> Run All Cells, waits for the last cell,
 and fails naming every cell that raised (error outputs, or a stderr output with a Traceback). What runs, and why:
 - lesson 01, whole (about 10 s): type into the token viewer; the ids it shows become the typed text's cl100k_base ids.
+  The page's heading ids must also equal notebook_links.anchor's, the rule the README and lesson links are checked by.
 - lesson 06, whole (about 20 s): set the KV calculator's batch to 8; its summary becomes kv_summary(...)["text"] for
   batch 8 and its cache curve moves.
 - lesson 05, its first cell and its explorer cell only: the whole lesson takes about 120 s on the 2-core CI CPU,
@@ -37,6 +38,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from notebook_links import anchors
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = ROOT / "notebooks"
@@ -264,6 +267,10 @@ def test_lesson01_token_viewer_shows_the_ids_of_what_is_typed(lab):
         shown = json.loads(ids_line.inner_text())
         assert shown == encode(get_encoding("cl100k_base"), typed)
         save_shot(page, viewer, "token_viewer.png")
+        # The README's and test_lessons' links rely on notebook_links.anchor: it must give JupyterLab's own ids.
+        ids = page.evaluate("() => [...document.querySelectorAll('.jp-MarkdownOutput :is(h1, h2, h3)')]"
+                            ".map(h => h.id || h.getAttribute('data-jupyter-id'))")
+        assert set(ids) == anchors(LESSONS / "01_tokenization.ipynb")
 
 
 def test_lesson06_kv_calculator_answers_a_batch_change(lab):

@@ -190,3 +190,23 @@ def test_the_exercise_check_catches_what_is_missing(tmp_path):
     no_notes = [*good[:4], ("markdown", "It prints 2.", False)]
     assert "no `*Solution notes.*`" in exercise_problems(_write(tmp_path / "b.ipynb", no_notes))[0]
     assert "1 `**Exercise N" in exercise_problems(_write(tmp_path / "c.ipynb", good[:2]))[0]
+
+
+@pytest.mark.parametrize("heading, expected", [
+    ("3. The same merges from `labutils`, fast", "3.-The-same-merges-from-labutils,-fast"),
+    ("6. Why: arithmetic intensity", "6.-Why:-arithmetic-intensity"),
+    ("A **bold** [link](x.ipynb) and *emphasis*", "A-bold-link-and-emphasis"),
+    ("decode_step() &amp; prefill_flops", "decode_step()-&-prefill_flops"),
+])
+def test_anchor_is_jupyterlabs_heading_id(heading, expected):
+    """JupyterLab 4: the heading's text content with each space made "-" (test_browser checks it on a real page)."""
+    from notebook_links import anchor
+    assert anchor(heading) == expected
+
+
+def test_a_link_to_a_missing_heading_or_lesson_is_reported():
+    assert link_problem("05_prefill_decode.ipynb", "7.-The-explorer") is None
+    assert "no heading with anchor #7.-the-explorer" in link_problem("05_prefill_decode.ipynb", "7.-the-explorer")
+    assert "does not exist" in link_problem("05_prefill.ipynb", None)
+    assert notebook_links("see [x](05_prefill_decode.ipynb#7.-The-explorer) and [y](../README.md)") == [
+        ("05_prefill_decode.ipynb", "7.-The-explorer")]
