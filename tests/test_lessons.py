@@ -106,6 +106,9 @@ def exercise_problems(path: Path) -> list[str]:
     items = exercise_items(cs, start)
     starts = [k for k, (kind, v) in enumerate(items) if kind == "md" and re.match(r"\*\*Exercise \d+", v)]
     problems = [] if len(starts) >= 2 else [f"{len(starts)} `**Exercise N: title.**` paragraphs, at least 2 needed"]
+    old_form = [v[:40] for kind, v in items if kind == "md" and re.match(r"\*\*\d+\. ", v)]
+    if len(starts) < 2 and old_form:
+        problems[0] += f" (found {old_form}: write them `**Exercise N: Title.**`)"
     for k, end in zip(starts, starts[1:] + [len(items)]):
         title = items[k][1].split("**")[1]
         block = items[k + 1:end]
