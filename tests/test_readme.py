@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
@@ -24,7 +23,7 @@ def section(text: str, heading: str) -> str:
 def table_rows(markdown: str) -> list[str]:
     """The body rows of the first markdown table in `markdown` (header and separator left out)."""
     rows = [ln for ln in markdown.splitlines() if ln.startswith("|")]
-    return [r for r in rows[2:]]
+    return rows[2:]
 
 
 def row_problems(row: str) -> list[str]:
