@@ -8,6 +8,7 @@ import sysconfig
 import warnings
 from pathlib import Path
 
+from .paths import data_dir
 from .validate import check_number
 
 # Test suites and the IDLE GUI are mostly terse test names and widget callbacks: noise, not prose.
@@ -16,7 +17,7 @@ SKIP_DIRS = frozenset({"test", "tests", "idlelib", "site-packages", "dist-packag
 MIN_CHARS = 80
 SEPARATOR = "\n\n"
 # Short texts the course wrote itself (English story, a parallel English/Japanese pair, code, numbers).
-TEXTS_DIR = Path(__file__).resolve().parent.parent / "data" / "texts"
+TEXTS_DIR = data_dir("texts")
 
 
 def stdlib_dir() -> Path:

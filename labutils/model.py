@@ -16,7 +16,8 @@ from .presets import get_shape
 from .safe_load import read_json, read_weights, torch_load, warn_nonfinite
 from .validate import check_cache, check_choice, check_count, check_flag, check_token_ids
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+from .paths import data_dir  # the one lookup for data/: a clear error outside a clone
+DATA_DIR = data_dir()
 
 
 @dataclass(frozen=True)

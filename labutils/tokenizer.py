@@ -25,7 +25,8 @@ ENDOFTEXT = "<|endoftext|>"
 
 COURSE_ENCODING = "course"        # the course's own 4,096-token encoding, stored in data/tokenizer/
 COURSE_VOCAB_SIZE = 4096          # n_vocab of the course encoding, <|endoftext|> included
-DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "tokenizer"
+from .paths import data_dir  # noqa: E402  (the one lookup for data/)
+DATA_DIR = data_dir("tokenizer")
 ENCODING_NAMES = ("cl100k_base", COURSE_ENCODING)
 
 Pair = tuple[int, int]

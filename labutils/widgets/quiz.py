@@ -9,8 +9,9 @@ from typing import Any, Iterable, Sequence
 
 import ipywidgets as w
 
-# Quiz banks live in the repository's data/ folder, next to the package (installed with `pip install -e .`).
-QUIZ_DIR = Path(__file__).resolve().parents[2] / "data" / "quizzes"
+from ..paths import data_dir
+
+QUIZ_DIR = data_dir("quizzes")
 
 FORMAT_HINT = ('a JSON list of {"question": str, "options": [str, str, ...], '
                '"answer": index into options, "explanation": str}')

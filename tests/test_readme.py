@@ -1,0 +1,107 @@
+"""The README as a landing page: its claim table, lesson links, screenshots, GPU figures and CI job cannot drift."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from labutils import gpu_table
+from labutils.hardware import SPECS
+from notebook_links import ROOT, link_problem, notebook_links
+
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+CLAIMS_HEADING = "## What the source texts claim, and where you measure it"
+
+
+def section(text: str, heading: str) -> str:
+    """The README's text from `heading` to the next `## ` heading."""
+    start = text.index(heading + "\n") + len(heading) + 1
+    nxt = text.find("\n## ", start)
+    return text[start:] if nxt < 0 else text[start:nxt]
+
+
+def table_rows(markdown: str) -> list[str]:
+    """The body rows of the first markdown table in `markdown` (header and separator left out)."""
+    rows = [ln for ln in markdown.splitlines() if ln.startswith("|")]
+    return rows[2:]
+
+
+def row_problems(row: str) -> list[str]:
+    """Why one claim-table row fails: no link to a lesson, or a link whose notebook or heading does not exist."""
+    cells = [c.strip() for c in row.strip().strip("|").split("|")]
+    if len(cells) != 3 or not cells[0]:
+        return [f"a row needs 3 cells (claim | where | note), got {len(cells)}: {row[:80]!r}"]
+    links = notebook_links(cells[1])
+    if not links:
+        return [f"{cells[0]!r} links to no lesson section"]
+    return [f"{cells[0]!r}: {p}" for name, frag in links if (p := link_problem(name, frag))]
+
+
+def test_the_claim_table_is_there_and_full():
+    rows = table_rows(section(README, CLAIMS_HEADING))
+    assert len(rows) >= 40, f"the claim table has {len(rows)} rows; the two seed texts hold more claims than that"
+
+
+def test_every_claim_links_to_a_heading_that_exists():
+    problems = [p for row in table_rows(section(README, CLAIMS_HEADING)) for p in row_problems(row)]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("row, expected", [
+    ("| a made-up claim | [05 §3](notebooks/05_prefill_decode.ipynb#3.-The-seeds-bar-chart) | |", "no heading"),
+    ("| a made-up claim | [05 §3](notebooks/05_prefill_decode.ipynb#3.-the-seed's-bar-chart,-measured-on-this-machine) | |",
+     "no heading"),                                                       # JupyterLab's anchors keep case
+    ("| a made-up claim | [99](notebooks/99_missing.ipynb) | |", "does not exist"),
+    ("| a made-up claim | lesson 05 | |", "links to no lesson section"),
+])
+def test_a_wrong_row_fails(row, expected):
+    problems = row_problems(row)
+    assert problems and expected in problems[0]
+
+
+def test_a_right_row_passes():
+    row = ("| made up | [05 §3](notebooks/05_prefill_decode.ipynb#3.-The-seed's-bar-chart,-measured-on-this-machine), "
+           "[01 §6](notebooks/01_tokenization.ipynb#6.-Checking-a-claim:-%225,000-characters-is-about-1,300-tokens%22) | |")
+    assert row_problems(row) == []
+
+
+def test_every_lesson_link_in_the_readme_lands():
+    links = notebook_links(README)
+    assert len(links) > 40
+    problems = [p for name, frag in links if (p := link_problem(name, frag))]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_screenshots_exist():
+    shots = re.findall(r"!\[[^\]]*\]\((docs/[^)]+\.png)\)", README)
+    assert {"docs/token_viewer.png", "docs/kv_calculator.png", "docs/explorer.png",
+            "docs/serving_dashboard.png"} <= set(shots)
+    assert [s for s in shots if not (ROOT / s).exists()] == []
+
+
+def test_the_gpu_table_is_what_labutils_computes():
+    block = re.search(r"<!-- gpu-table:[^>]*-->\n(.*?)\n<!-- /gpu-table -->", README, flags=re.S)
+    assert block, "the README lost its <!-- gpu-table --> block"
+    assert block.group(1) == gpu_table.markdown(), "README's GPU table is stale: paste python -m labutils.gpu_table"
+
+
+def test_gpu_table_figures():
+    rows = {r["gpu"]: r for r in gpu_table.rows()}
+    a100 = SPECS["A100 80GB SXM"]
+    assert rows["A100 80GB SXM"]["ridge"] == pytest.approx(312e12 / 2039e9)
+    # bandwidth alone sets the floor: the H200 is faster than the H100 by their bandwidth ratio, for every model
+    for m in gpu_table.MODELS:
+        ratio = rows["H100 SXM"]["floor_s"][m] / rows["H200 SXM"]["floor_s"][m]
+        assert ratio == pytest.approx(4800 / 3350)
+    # Llama-2-7B in bf16 is about 13.5 GB of weights: the A100 floor is a bit above 13.5e9 / 2.039e12 s
+    assert 13.4e9 / a100.bandwidth_Bps < rows["A100 80GB SXM"]["floor_s"]["llama-2-7b"] < 14.5e9 / a100.bandwidth_Bps
+    with pytest.raises(ValueError, match="unknown gpu 'A100'"):
+        gpu_table.rows(gpus=["A100"])
+    with pytest.raises(ValueError, match="unknown model 'gpt-5'"):
+        gpu_table.rows(models=["gpt-5"])
+
+
+def test_the_readme_shows_the_committed_workflow():
+    workflow = (ROOT / ".github" / "workflows" / "test.yml").read_text(encoding="utf-8").rstrip("\n")
+    assert f"```yaml\n{workflow}\n```" in README, "README's For instructors block differs from .github/workflows/test.yml"
+    assert ".ci/run" in workflow and "3.12" in workflow
