@@ -22,10 +22,9 @@ from notebook_links import NOTEBOOKS, ROOT, cells, link_problem, markdown_headin
 LESSONS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 MAX_CODE_LINES = 15
 SOLUTION_START = re.compile(r"^(# NBVAL_IGNORE_OUTPUT\n)?# Solution\b")
-# Lesson 07 writes `**Measured**:` and `**The one idea**:`; both spellings of the colon are accepted.
-LABELS = {"Measured": r"\*\*Measured(:\*\*|\*\*:)",
-          "The one idea to keep": r"\*\*The one idea( to keep)?(:\*\*|\*\*:)",
-          "Next": r"\*\*Next(:\*\*|\*\*:)"}
+# One spelling of each summary label, in every lesson.
+LABELS = {"Measured": r"\*\*Measured:\*\*", "The one idea to keep": r"\*\*The one idea to keep:\*\*",
+          "Next": r"\*\*Next:\*\*"}
 
 
 def number(path: Path) -> str:
