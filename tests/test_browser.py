@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -283,6 +284,9 @@ def test_lesson06_kv_calculator_answers_a_batch_change(lab):
         type_into_readout(page, calc, "batch", 8)
         wait_for_new_plots(page, calc, before, timeout_s=30)
         assert summary.inner_text() == kv_summary("llama-2-7b", 4096, 8, "fp16")["text"]
+        # Plotly names a trace it got no name for "trace N"; every entry the learner sees must say what it is.
+        legend = page.locator(f"{calc} .legendtext").all_text_contents()
+        assert "crossover" in legend and not [t for t in legend if re.fullmatch(r"trace \d+", t)], legend
         save_shot(page, calc, "kv_calculator.png")
 
 

@@ -146,6 +146,18 @@ class Counting:
         return measure.measure_request(**settings)
 
 
+def test_a_utilization_above_100_percent_measures_the_peaks_and_the_request_again(monkeypatch):
+    refreshed, rows = [], iter([dict(mbu=1.4, mfu_prefill=0.5, mfu_decode=0.1), dict(mbu=0.7, mfu_prefill=0.5,
+                                                                                  mfu_decode=0.1)])
+    monkeypatch.setattr(explorer_mod, "measured_peaks",
+                        lambda device=None, dtype=None, refresh=False: refreshed.append(refresh) or FAKE_PEAKS)
+    ex = explorer_mod.Explorer.__new__(explorer_mod.Explorer)       # only _run's logic, no widgets drawn
+    ex.progress, ex.status, ex.measurements = type("P", (), {})(), type("S", (), {})(), 0
+    ex._measure = lambda **s: dict(next(rows))
+    row = ex._run(dict(device="cpu", dtype="fp32", batch=1, **TINY))
+    assert row["mbu"] == 0.7 and refreshed == [False, True] and ex.measurements == 1
+
+
 def test_explorer_measures_redraws_and_reuses_cached_settings():
     counting = Counting()
     ex = explorer_mod.Explorer("cpu", measure_fn=counting, **TINY)

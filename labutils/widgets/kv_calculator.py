@@ -132,12 +132,15 @@ class KVCalculator(w.VBox):
                                     name=f"weights ({shape.n_params / 1e9:.2f}B params, fp16)")
             inside = crossover is not None and crossover <= shape.context_length
             # An empty trace leaves the legend too, so the legend lists exactly what is drawn.
-            self.fig.data[2].update(x=[crossover] if inside else [], showlegend=inside,
+            # Every update restates the name: JupyterLab's plotly drew "trace 2" / "trace 3" for traces that
+            # started empty and were named only in the initial figure.
+            self.fig.data[2].update(x=[crossover] if inside else [], showlegend=inside, name="crossover",
                                     y=[kv_cache_bytes(shape, crossover, batch, dtype) / GB] if inside else [])
             if s is None:
-                self.fig.data[3].update(x=[], y=[], showlegend=False)
+                self.fig.data[3].update(x=[], y=[], showlegend=False, name="chosen context")
             else:
-                self.fig.data[3].update(x=[s["context"]], y=[s["cache_bytes"] / GB], showlegend=True)
+                self.fig.data[3].update(x=[s["context"]], y=[s["cache_bytes"] / GB], showlegend=True,
+                                        name=f"chosen context ({s['context']:,} tokens)")
             top = max(weights, ys[-1])
             self.fig.data[4].update(x=[window, window] if window else [], y=[0, top] if window else [],
                                     showlegend=window is not None,
