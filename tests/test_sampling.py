@@ -42,14 +42,18 @@ def test_top_k_keeps_the_k_most_likely():
 @pytest.mark.parametrize("top_p,kept", [(0.3, 1), (0.45, 1), (0.6, 2), (0.79, 2), (0.81, 3), (0.9, 3),
                                         (0.96, 4), (1.0, 4)])
 def test_top_p_keeps_the_smallest_set_covering_p(top_p, kept):
-    probs = sampling_probs(LOGITS, 1.0, top_p=top_p)[0].double()
+    assert_keeps_the_top(kept, top_p=top_p)
+
+
+def assert_keeps_the_top(kept, **cut):
+    """sampling_probs renormalises over the `kept` most likely tokens, and the sampler draws no other."""
+    probs = sampling_probs(LOGITS, 1.0, **cut)[0].double()
     keep = RANK[:kept]
     expected = torch.zeros(4, dtype=torch.float64)
     expected[keep] = P[keep] / P[keep].sum()
     torch.testing.assert_close(probs, expected, rtol=0, atol=1e-6)
-    # and the sampler never draws a dropped token
     g = torch.Generator().manual_seed(0)
-    drawn = {int(sample(LOGITS, 1.0, top_p=top_p, generator=g)) for _ in range(300)}
+    drawn = {int(sample(LOGITS, 1.0, generator=g, **cut)) for _ in range(300)}
     assert drawn == set(keep)
 
 
@@ -57,14 +61,7 @@ def test_top_p_keeps_the_smallest_set_covering_p(top_p, kept):
 @pytest.mark.parametrize("min_p,kept", [(1.0, 1), (0.7, 1), (0.6, 2), (0.31, 2), (0.29, 3), (0.11, 3),
                                         (0.09, 4), (0.01, 4)])
 def test_min_p_keeps_tokens_within_min_p_of_the_top(min_p, kept):
-    probs = sampling_probs(LOGITS, 1.0, min_p=min_p)[0].double()
-    keep = RANK[:kept]
-    expected = torch.zeros(4, dtype=torch.float64)
-    expected[keep] = P[keep] / P[keep].sum()
-    torch.testing.assert_close(probs, expected, rtol=0, atol=1e-6)
-    g = torch.Generator().manual_seed(0)
-    drawn = {int(sample(LOGITS, 1.0, min_p=min_p, generator=g)) for _ in range(300)}
-    assert drawn == set(keep)
+    assert_keeps_the_top(kept, min_p=min_p)
 
 
 def test_min_p_cut_follows_the_temperature():
