@@ -236,7 +236,7 @@ def _fast_vs_hf(s: BenchSettings, shape: str, target: str) -> BenchRow:
     return BenchRow(f"HF generate / fast loop, {shape}, end to end", t["hf"] / t["fast"], target,
                     f"{'bench-quick' if s.quick else shape} GPT-2 shape, same random weights (greedy tokens checked "
                     f"equal in fp32), {dtype_name(_dtype(s))}, {s.device.type}, batch 1, "
-                    f"{ids.shape[1]}-token prompt + {new} new; fast loop mode={dec.mode}{layout}",
+                    f"{ids.shape[1]}-token prompt + {new} new; fast loop mode={dec.mode}{_layout(s)}",
                     f"HF {t['hf']:.2f} s, fast {t['fast']:.2f} s (median of {s.rounds}); "
                     f"setup {dec.setup_s * 1e3:.0f} ms once, outside the timing")
 
