@@ -15,7 +15,6 @@ import torch
 from . import timing
 from .generate import GenerationResult, as_batch, check_sampling, sampling_probs
 from .kvcache import KVCache, check_count
-from .validate import check_probability
 
 PROMPT_LOOKUP = "prompt_lookup"
 
@@ -148,18 +147,12 @@ def check_draft(target, draft, needed: int) -> None:
         raise ValueError(f"the draft is on {d_dev} but the target is on {t_dev}; move both to one device")
 
 
-def propose(draft, cache: KVCache, seq: list[int], k: int, sampling: dict, generator, device,
-            confidence: float | None = None):
-    """Up to k tokens from the draft model, one forward each: (tokens [m], q [m, vocab], or None when greedy).
+def propose(draft, cache: KVCache, seq: list[int], k: int, sampling: dict, generator, device):
+    """k tokens from the draft model, one forward each: (tokens [k], q [k, vocab], or None when greedy).
 
     The draft first catches up on the tokens it has not seen (one, or two after a fully accepted
     step); its cache then holds every token but the last proposal, which it never needs to read.
     A greedy draft is deterministic (its q is one-hot at each proposal), so no q is built.
-    With `confidence`, drafting stops after a token the draft gave less than that probability
-    (Hugging Face's assistant_confidence_threshold): a guess it doubts is likely rejected, and so
-    are the guesses built on it, so their forwards would be spent for nothing. The doubted token
-    itself is still proposed, since checking one more token costs the verify pass almost nothing.
-    Stopping depends on the draft alone, so the output distribution stays the target's.
     """
     greedy = sampling["temperature"] == 0
     feed = torch.tensor([seq[cache.pos:]], device=device)
@@ -168,15 +161,11 @@ def propose(draft, cache: KVCache, seq: list[int], k: int, sampling: dict, gener
         logits = draft(feed, cache, check=False, last_only=True)[:, -1]
         if greedy:
             tok = logits.argmax(dim=-1)       # the argmax of sampling_probs(logits, temperature=0)
-            sure = None if confidence is None else torch.softmax(logits.float(), dim=-1).amax()
         else:
             q = sampling_probs(logits, **sampling)
             tok = draw(q, sampling["temperature"], generator)
             qs.append(q)
-            sure = None if confidence is None else q[0, tok[0]]
         tokens.append(tok)
-        if sure is not None and sure < confidence:
-            break
         feed = tok[:, None]
     return torch.cat(tokens), (None if greedy else torch.cat(qs))
 
@@ -184,11 +173,8 @@ def propose(draft, cache: KVCache, seq: list[int], k: int, sampling: dict, gener
 @torch.inference_mode()
 def speculative_generate(target, draft, ids, max_new_tokens: int, *, k: int = 4, temperature: float = 0.0,
                          top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                         ngram: int = 3, confidence: float | None = None) -> SpeculativeResult:
+                         ngram: int = 3) -> SpeculativeResult:
     """Generate from `target` with `draft` (a smaller GPT, or PROMPT_LOOKUP) proposing k tokens per step.
-
-    `confidence` (a draft model only): stop a step's drafting early after a token the draft gives less
-    than this probability (see propose()); None always drafts k.
 
     Every emitted token comes from a verify pass: the target runs once over the last token and the
     proposals, and accept() keeps a prefix of them plus one token of its own. Greedy output equals
@@ -206,8 +192,6 @@ def speculative_generate(target, draft, ids, max_new_tokens: int, *, k: int = 4,
     check_count("k", k, 1)
     check_count("ngram", ngram, 1)
     check_sampling(temperature, top_k, top_p)
-    if confidence is not None:
-        check_probability("confidence", confidence)
     if ids.shape[0] != 1:
         raise ValueError(f"speculative_generate takes one sequence, got a batch of {ids.shape[0]}: each sequence "
                          "accepts a different number of tokens per step; call it once per prompt")
@@ -244,7 +228,7 @@ def speculative_generate(target, draft, ids, max_new_tokens: int, *, k: int = 4,
         elif lookup:
             proposal = torch.tensor(lookup_proposals(seq, m, ngram), dtype=torch.long, device=device)
         else:
-            proposal, q = propose(draft, d_cache, seq, m, sampling, generator, device, confidence)
+            proposal, q = propose(draft, d_cache, seq, m, sampling, generator, device)
         m = proposal.shape[0]
         n = len(seq)
         verify_ids = torch.cat([torch.tensor([seq[-1]], device=device), proposal])[None]
