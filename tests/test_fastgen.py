@@ -243,8 +243,7 @@ def test_auto_is_eager_on_cpu_without_a_warning():
 
 def test_too_many_tokens_are_refused_before_any_forward():
     model = fp32_model()
-    shapes, handle = count_forwards(model)
-    try:
+    with count_forwards(model) as shapes:
         with pytest.raises(ValueError, match=rf"exceed the context length {CTX}"):
             fast_generate(model, prompt(1, 10), CTX - 9)
         dec = FastDecoder(model, 1, 30, mode="eager")
@@ -252,8 +251,6 @@ def test_too_many_tokens_are_refused_before_any_forward():
             dec.generate(prompt(1, 10), 21)
         with pytest.raises(ValueError, match="batch_size=1"):
             dec.generate(prompt(2, 10), 5)
-    finally:
-        handle.remove()
     assert shapes == []
 
 

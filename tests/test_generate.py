@@ -1,4 +1,5 @@
 """Generation: cached decode gives the recompute tokens, the cache is really used, bad input is refused early."""
+import contextlib
 import dataclasses
 import itertools
 import math
@@ -36,11 +37,15 @@ def prompt(batch=1, length=8, seed=0):
     return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
+@contextlib.contextmanager
 def count_forwards(model):
-    """Record the ids shape of every forward pass the model runs."""
+    """Within the block, record the ids shape of every forward pass the model runs; the hook goes at the end."""
     shapes = []
     handle = model.register_forward_pre_hook(lambda mod, args: shapes.append(tuple(args[0].shape)))
-    return shapes, handle
+    try:
+        yield shapes
+    finally:
+        handle.remove()
 
 
 # MHA / GQA / MQA x GPT-2-style (GELU, tied) / Llama-style (SwiGLU, untied) x batch 1 and 2.
@@ -85,15 +90,12 @@ def test_cached_logits_match_one_full_forward(n_kv_head):
 @pytest.mark.parametrize("batch", [1, 2])
 def test_prefill_feeds_the_prompt_and_each_decode_step_feeds_one_token(batch):
     model = make_model(2, seed=1)
-    shapes, handle = count_forwards(model)
-    try:
+    with count_forwards(model) as shapes:
         generate(model, prompt(batch, 8), 10, use_cache=True)
         cached = list(shapes)
         shapes.clear()
         generate(model, prompt(batch, 8), 10, use_cache=False)
         recomputed = list(shapes)
-    finally:
-        handle.remove()
     assert cached == [(batch, 8)] + [(batch, 1)] * 9
     # Without the cache, every step feeds the whole sequence so far: the work the cache saves.
     assert recomputed == [(batch, 8 + i) for i in range(10)]
@@ -160,12 +162,9 @@ def test_cache_pos_advances_by_one_per_decode_step():
 @pytest.mark.parametrize("use_cache", [True, False])
 def test_too_long_request_names_the_context_before_any_forward(use_cache):
     model = make_model(seed=0)
-    shapes, handle = count_forwards(model)
-    try:
+    with count_forwards(model) as shapes:
         with pytest.raises(ValueError, match=rf"context length {CTX}"):
             generate(model, prompt(1, 40), CTX - 39, use_cache=use_cache)
-    finally:
-        handle.remove()
     assert shapes == []
     assert generate(model, prompt(1, 40), CTX - 40, use_cache=use_cache).tokens.shape == (1, CTX - 40)
 
@@ -193,12 +192,9 @@ def test_max_new_tokens_must_be_an_int(n):
                                  torch.tensor([[1, 2]], dtype=torch.float64), [[1, 2], [3]]])
 def test_non_integer_ids_are_refused(ids):
     model = make_model()
-    shapes, handle = count_forwards(model)
-    try:
+    with count_forwards(model) as shapes:
         with pytest.raises(TypeError, match="ids"):
             generate(model, ids, 4)
-    finally:
-        handle.remove()
     assert shapes == []
 
 
@@ -209,14 +205,11 @@ def test_out_of_vocab_id_is_refused():
 
 def test_invalid_sampling_is_refused_before_any_forward():
     model = make_model()
-    shapes, handle = count_forwards(model)
-    try:
+    with count_forwards(model) as shapes:
         with pytest.raises(ValueError, match="temperature"):
             generate(model, [1, 2], 4, temperature=-1.0)
         with pytest.raises(ValueError, match="top_p"):
             generate(model, [1, 2], 4, temperature=1.0, top_p=0.0)
-    finally:
-        handle.remove()
     assert shapes == []
 
 
@@ -249,11 +242,8 @@ def test_stop_token_in_a_batch_waits_for_every_row_and_pads_with_it():
 def test_stop_token_forward_count_and_bad_values():
     model, ids = make_model(), prompt(1, 8, 3)
     stop = int(generate(model, ids, 10).tokens[0, 2])
-    shapes, handle = count_forwards(model)
-    try:
+    with count_forwards(model) as shapes:
         n = generate(model, ids, 10, stop_token=stop).tokens.shape[1]
-    finally:
-        handle.remove()
     assert len(shapes) == n                         # no forward pass after the stop
     with pytest.raises(ValueError, match=r"stop_token must be <= 96, got 97.*enc.eot_token"):
         generate(model, ids, 4, stop_token=VOCAB)

@@ -69,15 +69,12 @@ def test_requests_really_decode_side_by_side_at_their_own_positions():
     """Equality above means little if every batch held one request: check that rows at different
     positions shared one forward, and that the model wandered (varied tokens)."""
     m = model()
-    shapes, handle = count_forwards(m)
-    engine = Engine(m, 4)
-    prompts = [list(range(5)), list(range(10, 30)), list(range(40, 43)), list(range(50, 61))]
-    for p in prompts:
-        engine.submit(p, 40)
-    try:
+    with count_forwards(m) as shapes:
+        engine = Engine(m, 4)
+        prompts = [list(range(5)), list(range(10, 30)), list(range(40, 43)), list(range(50, 61))]
+        for p in prompts:
+            engine.submit(p, 40)
         results = engine.run()
-    finally:
-        handle.remove()
     assert shapes[0] == (4, 20)                           # one prefill for all four, padded to the longest ...
     assert set(shapes[1:]) == {(4, 1)}                    # ... then decode steps with 4 rows
     for r, p in zip(results, prompts):
@@ -93,13 +90,10 @@ def test_a_padded_prefill_row_leaves_its_cached_prefix_alone():
     engine = Engine(m, 4)
     engine.submit(system + [1], 3)
     engine.run()
-    shapes, handle = count_forwards(m)
-    for p in (system + [2], list(range(50, 80)), system + [3]):
-        engine.submit(p, 12)
-    try:
+    with count_forwards(m) as shapes:
+        for p in (system + [2], list(range(50, 80)), system + [3]):
+            engine.submit(p, 12)
         results = engine.run()
-    finally:
-        handle.remove()
     assert shapes[0] == (3, 30) and [r.cached_tokens for r in results] == [32, 0, 32]
     assert [r.tokens for r in results] == [solo(m, p, 12) for p in (system + [2], list(range(50, 80)), system + [3])]
     assert engine.cache.blocks_allocated >= engine.blocks.high_water     # no table points at the scratch block
@@ -109,14 +103,11 @@ def test_a_prefill_too_big_for_one_forward_is_split(monkeypatch):
     monkeypatch.setattr(engine_mod, "MAX_PREFILL_TOKENS", 40)
     m = model()
     prompts = [list(range(i, i + 15)) for i in range(5)]
-    shapes, handle = count_forwards(m)
-    engine = Engine(m, 5)
-    for p in prompts:
-        engine.submit(p, 6)
-    try:
+    with count_forwards(m) as shapes:
+        engine = Engine(m, 5)
+        for p in prompts:
+            engine.submit(p, 6)
         results = engine.run()
-    finally:
-        handle.remove()
     assert shapes[:3] == [(2, 15), (2, 15), (1, 15)]          # at most 40 padded tokens per prefill
     assert [r.tokens for r in results] == [solo(m, p, 6) for p in prompts]
 
@@ -157,12 +148,9 @@ def test_a_shared_prefix_is_served_from_the_cache():
     engine = Engine(m, 2)
     engine.submit(system + [1, 2, 3], 10)
     first, = engine.run()
-    shapes, handle = count_forwards(m)
-    engine.submit(system + [4, 5], 10)
-    try:
+    with count_forwards(m) as shapes:
+        engine.submit(system + [4, 5], 10)
         second, = engine.run()
-    finally:
-        handle.remove()
     assert first.cached_tokens == 0 and second.cached_tokens == 32
     assert shapes[0] == (1, len(system) + 2 - 32)           # the prefill fed only the uncached tokens
     assert second.tokens == solo(m, system + [4, 5], 10)
@@ -202,12 +190,9 @@ def test_an_identical_prompt_of_whole_blocks_still_prefills_its_last_block():
     engine = Engine(m, 2)
     engine.submit(prompt, 8)
     engine.run()
-    shapes, handle = count_forwards(m)
-    engine.submit(prompt, 8)
-    try:
+    with count_forwards(m) as shapes:
+        engine.submit(prompt, 8)
         again, = engine.run()
-    finally:
-        handle.remove()
     assert again.cached_tokens == 16 and shapes[0] == (1, 16)
     assert again.tokens == solo(m, prompt, 8)
 

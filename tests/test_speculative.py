@@ -109,11 +109,8 @@ def test_greedy_equality_up_to_the_context_limit(prompt_len, new, k):
 
 def test_a_perfect_draft_is_always_accepted_and_k_plus_one_tokens_come_per_pass():
     target = make_model(seed=3)
-    shapes, handle = count_forwards(target)
-    try:
+    with count_forwards(target) as shapes:
         r = speculative_generate(target, target, prompt(1, 8, 3), 25, k=4)
-    finally:
-        handle.remove()
     assert r.alpha == 1.0 and r.steps == 5 and r.tokens_per_step == 5.0 and r.per_step == [5] * 5
     # The target itself ran as draft, so its hook saw the draft forwards too; the verify passes are the [1, 5] ones.
     assert shapes.count((1, 5)) == 5 and (1, 7) in shapes     # one prompt pass over all but the last token
@@ -122,13 +119,8 @@ def test_a_perfect_draft_is_always_accepted_and_k_plus_one_tokens_come_per_pass(
 def test_verify_is_one_target_forward_over_k_plus_one_tokens():
     target = make_model(seed=4)
     draft = noisy_copy(target)
-    t_shapes, t_handle = count_forwards(target)
-    d_shapes, d_handle = count_forwards(draft)
-    try:
+    with count_forwards(target) as t_shapes, count_forwards(draft) as d_shapes:
         r = speculative_generate(target, draft, prompt(1, 8, 4), 30, k=3)
-    finally:
-        t_handle.remove()
-        d_handle.remove()
     assert t_shapes[0] == (1, 7)                                   # the prompt minus its last token
     assert len(t_shapes) == 1 + r.steps                            # one target pass per step, nothing else
     # k + 1 = 4 tokens per pass; only the last steps check fewer, so as not to emit past max_new_tokens.
@@ -318,26 +310,18 @@ def test_k_must_be_an_int(k):
 def test_vocab_mismatch_names_both_sizes_before_any_forward():
     target = make_model(seed=0)
     draft = GPT(GPTConfig(vocab_size=50, context_length=96, n_layer=1, n_head=2, n_embd=16))
-    shapes, handle = count_forwards(target)
-    try:
+    with count_forwards(target) as shapes:
         with pytest.raises(ValueError, match=r"draft's vocabulary \(50 tokens\) differs from the target's \(97 tokens\)"):
             speculative_generate(target, draft, prompt(), 4)
-    finally:
-        handle.remove()
     assert shapes == []
 
 
 def test_draft_with_a_shorter_context_is_refused_before_any_work():
     target = make_model(seed=0)                                   # context 96
     draft = make_model(seed=1, n_layer=1, ctx=32)
-    t_shapes, t_handle = count_forwards(target)
-    d_shapes, d_handle = count_forwards(draft)
-    try:
+    with count_forwards(target) as t_shapes, count_forwards(draft) as d_shapes:
         with pytest.raises(ValueError, match=r"needs 40 positions but the draft's context length is 32"):
             speculative_generate(target, draft, prompt(1, 30), 10)
-    finally:
-        t_handle.remove()
-        d_handle.remove()
     assert t_shapes == [] and d_shapes == []
     assert speculative_generate(target, draft, prompt(1, 22), 10).tokens.shape == (1, 10)   # 32 fits
 
