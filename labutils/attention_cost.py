@@ -11,7 +11,7 @@ from .kernels import ATTENTION_IMPLS
 from .hardware import is_oom
 from .dtypes import dtype_bytes
 from .progress import progress
-from .timing import synchronize, time_fn
+from .timing import synchronize, time_fn, torch_threads
 from .validate import check_count
 
 # Standard (unfused) attention moves the [T, T] matrix through main memory four times: QK^T writes
@@ -163,18 +163,6 @@ def measure_attention(seq_lens, *, n_head: int = 4, head_dim: int = 64, batch_si
     return rows
 
 
-@contextlib.contextmanager
-def _torch_threads(n: int | None):
-    """Run with n intra-op threads (None: leave as is), then restore the previous count."""
-    before = torch.get_num_threads()
-    if n is not None:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def measure_causal_skip(seq_len: int = 2048, *, n_head: int = 4, head_dim: int = 64, block: int = 128,
                         device="cpu", threads: int | None = 1, repeats: int = 3) -> dict[str, float]:
     """Median ms of causal vs full attention, for the hand-written tiled kernel and for SDPA.
@@ -194,6 +182,6 @@ def measure_causal_skip(seq_len: int = 2048, *, n_head: int = 4, head_dim: int =
             "tiled, full": lambda: tiled_attention(q, k, v, causal=False, block_q=block, block_k=block),
             "sdpa, causal": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
             "sdpa, full": lambda: F.scaled_dot_product_attention(q, k, v)}
-    with _torch_threads(threads if torch.device(device).type == "cpu" else None):
+    with torch_threads(threads if torch.device(device).type == "cpu" else None):
         return {name: time_fn(fn, device=device, warmup=1, repeats=repeats).median_s * 1e3
                 for name, fn in runs.items()}

@@ -290,8 +290,9 @@ def measure_bandwidth_sweep(sizes, device: torch.device | str | None = None, pro
     from .progress import progress
     device = _resolve(device)
     sizes = [check_count("size", s, 4096) for s in sizes]
-    return [measure_bandwidth(device, nbytes=s, warmup=sweep_repeats(s)[0], repeats=sweep_repeats(s)[1])
-            for s in (progress(sizes, desc=progress_desc) if progress_desc else sizes)]
+    return [measure_bandwidth(device, nbytes=s, warmup=warmup, repeats=repeats)
+            for s in (progress(sizes, desc=progress_desc) if progress_desc else sizes)
+            for warmup, repeats in [sweep_repeats(s)]]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,27 +1,13 @@
 """Lesson 06's sweep: the time of one decode step with and without the KV cache, position by position."""
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import torch
 
 from .generate import decode_step, prefill
 from .kvcache import KVCache
 from .progress import progress
-from .timing import time_fn
+from .timing import time_fn, torch_threads
 from .validate import check_count, check_device, check_seed
-
-
-@contextmanager
-def _threads(n: int):
-    """Run with n intra-op threads, then restore: a model this small gains nothing from more cores, and one
-    thread times steadily on a shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def check_positions(positions, context_length: int) -> list[int]:
@@ -62,7 +48,7 @@ def step_cost_ms(model, positions, *, device="cpu", repeats: int = 5, threads: i
         return decode_step(model, ids[:, p - 1], cache)
 
     out = {"recompute": [], "cached": []}
-    with _threads(threads), torch.inference_mode():
+    with torch_threads(threads), torch.inference_mode():
         if max(positions) > 1:
             prefill(model, ids[:, :-1], cache)         # real keys and values for every position
         for p in progress(positions, desc="positions"):

@@ -1,6 +1,7 @@
 """Device-aware timing and the request metrics TTFT, TPOT and ITL (vLLM / MLPerf definitions)."""
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass
@@ -12,6 +13,21 @@ from .validate import check_count, check_device, check_timestamps, describe
 
 
 MAX_REPEATS = 100_000
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None):
+    """Run with n intra-op CPU threads (None: leave the count as it is), then restore the previous count.
+
+    Models this small gain nothing from more cores, and one thread times steadily on a shared machine.
+    """
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(check_count("threads", n, 1, 1024))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def synchronize(device: torch.device | str | None = None) -> None:
