@@ -111,6 +111,27 @@ def make_norm(cfg: GPTConfig) -> nn.Module:
     return RMSNorm(cfg.n_embd) if cfg.norm == "rmsnorm" else nn.LayerNorm(cfg.n_embd)
 
 
+def rope_angles(pos: torch.Tensor, head_dim: int, dtype: torch.dtype = torch.float32,
+                base: float = ROPE_BASE) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotation angles for positions pos ([T], or [batch, T] for a paged batch), shaped to
+    broadcast over [batch, heads, T, head_dim / 2]: pos x base^(-2i/head_dim) for pair i, computed in `dtype`
+    or float32, whichever is wider."""
+    half = head_dim // 2
+    work = torch.promote_types(dtype, torch.float32)     # bf16/fp16 angles would be off by whole turns
+    inv_freq = base ** (-torch.arange(half, device=pos.device, dtype=work) / half)
+    angles = pos.to(work)[..., None] * inv_freq                     # [T, half] or [batch, T, half]
+    angles = angles[None, None] if angles.dim() == 2 else angles[:, None]
+    return angles.cos(), angles.sin()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Turn each pair (dim i, dim i + head_dim/2) of x [batch, heads, T, head_dim] by rope_angles' angles."""
+    half = x.shape[-1] // 2
+    work = torch.promote_types(x.dtype, cos.dtype)
+    x1, x2 = x.to(work)[..., :half], x.to(work)[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
 def rope(x: torch.Tensor, pos: torch.Tensor, base: float = ROPE_BASE) -> torch.Tensor:
     """Rotate x [batch, heads, T, head_dim] by its positions pos ([T], or [batch, T] for a paged batch).
 
@@ -118,14 +139,7 @@ def rope(x: torch.Tensor, pos: torch.Tensor, base: float = ROPE_BASE) -> torch.T
     fast turns in the first pairs, slow ones in the last. A rotation keeps lengths, and q.k of two rotated
     vectors depends only on the difference of their positions. No weights: a position costs no parameters.
     """
-    half = x.shape[-1] // 2
-    work = torch.promote_types(x.dtype, torch.float32)     # bf16/fp16 angles would be off by whole turns
-    inv_freq = base ** (-torch.arange(half, device=x.device, dtype=work) / half)
-    angles = pos.to(work)[..., None] * inv_freq                     # [T, half] or [batch, T, half]
-    angles = angles[None, None] if angles.dim() == 2 else angles[:, None]
-    cos, sin = angles.cos(), angles.sin()
-    x1, x2 = x.to(work)[..., :half], x.to(work)[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+    return rotate(x, *rope_angles(pos, x.shape[-1], x.dtype, base))
 
 
 class CausalSelfAttention(nn.Module):
@@ -150,7 +164,8 @@ class CausalSelfAttention(nn.Module):
         if self.rope:
             # Rotate before caching: a cached key keeps the rotation of the position it was written at.
             pos = torch.arange(T, device=x.device) if pos is None else pos
-            q, k = rope(q, pos), rope(k, pos)
+            cos, sin = rope_angles(pos, self.head_dim, q.dtype)          # once for q and k
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         q_offset, mask = 0, None
         if cache is not None:
             # KVCache returns the written prefix (mask None: causal by offset); a static cache returns
