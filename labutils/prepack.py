@@ -44,7 +44,7 @@ class PackedLinear(nn.Module):
     """An nn.Linear whose forward multiplies by a oneDNN-prepacked copy of its weight.
 
     The original weight and bias stay parameters (so devices, dtypes and byte counts still read
-    them, and a tied weight stays shared); the packed copy is a plain attribute, made once. It is a
+    them, and a tied weight stays shared); the packed weight is a plain attribute, made once. It is a
     snapshot: changing `weight` afterwards does not change the output, so prepack for inference only.
     """
 
@@ -53,10 +53,10 @@ class PackedLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), batch_hint)
+        self.packed_bias = None if linear.bias is None else linear.bias.detach()   # detached once, not per call
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        bias = None if self.bias is None else self.bias.detach()
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.packed_bias, "none", [], "")
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, prepacked for oneDNN"
