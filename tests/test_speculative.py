@@ -146,8 +146,8 @@ def test_prompt_lookup_proposes_from_a_repetitive_prompt():
 VOCAB_SMALL = 8
 
 
-def small_model(seed, n_layer=1):
-    cfg = GPTConfig(vocab_size=VOCAB_SMALL, context_length=16, n_layer=n_layer, n_head=2, n_embd=16)
+def small_model(seed, n_layer=1, vocab=VOCAB_SMALL):
+    cfg = GPTConfig(vocab_size=vocab, context_length=16, n_layer=n_layer, n_head=2, n_embd=16)
     torch.manual_seed(seed)
     model = GPT(cfg)
     with torch.no_grad():
@@ -188,17 +188,7 @@ def test_first_token_has_the_targets_distribution(draft_kind, sampling):
 def test_first_two_tokens_have_the_targets_joint_distribution():
     """Two tokens: the second comes from a bonus draw, a resample, or a later step, and the mix must be p(a) p(b|a)."""
     vocab = 5
-    cfg = GPTConfig(vocab_size=vocab, context_length=16, n_layer=1, n_head=2, n_embd=16)
-    models = []
-    for seed in (0, 1):
-        torch.manual_seed(seed)
-        m = GPT(cfg)
-        with torch.no_grad():
-            for w in m.parameters():
-                if w.dim() == 2:
-                    w.normal_(0, 1.5 / w.shape[-1] ** 0.5)
-        models.append(m.double().eval())
-    target, draft = models
+    target, draft = small_model(0, vocab=vocab), small_model(1, vocab=vocab)
     ids = torch.tensor([[0, 1, 2]])
     with torch.no_grad():
         first = torch.softmax(target(ids)[0, -1], -1)
