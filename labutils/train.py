@@ -19,9 +19,11 @@ from .validate import check_count, check_number
 TINY_DIR = DATA_DIR / "tiny"
 DRAFT_DIR = DATA_DIR / "draft"
 # Everything the rebuild depends on, in one place; changing any of these changes model.pt.
-DEFAULTS = dict(steps=1600, batch_size=8, lr=2e-3, warmup=50, seed=0, threads=2, teacher="none")
-# The draft learns the tiny target's distributions (distillation) on the same corpus windows.
-DRAFT_DEFAULTS = dict(steps=1200, batch_size=8, lr=3e-3, warmup=50, seed=0, threads=2, teacher="tiny")
+DEFAULTS = dict(steps=1600, batch_size=8, lr=2e-3, warmup=50, seed=0, threads=2, teacher="none", on_policy=0)
+# The draft learns the tiny target's distributions (distillation), on corpus windows and on 2048 of the
+# target's own continuations: at decode time it is judged on text the target writes, not on the corpus.
+DRAFT_DEFAULTS = dict(steps=2400, batch_size=8, lr=3e-3, warmup=50, seed=0, threads=2, teacher="tiny",
+                      on_policy=2048)
 
 
 def draft_config() -> GPTConfig:
@@ -76,6 +78,39 @@ def get_batch(tokens: torch.Tensor, batch_size: int, seq_len: int,
     return x, y
 
 
+def teacher_continuations(teacher: GPT, tokens: torch.Tensor, n: int, prompt_len: int = 32, *,
+                          seed: int = 0, batch_size: int = 64, show_progress: bool = True) -> torch.Tensor:
+    """n rows of context_length tokens: a random prompt_len-token window of `tokens`, then the teacher's
+    continuation. Half are greedy and half sampled (temperature 0.8, top-k 40), the two ways lesson 10
+    decodes, so a draft trained on them sees the text it will be asked to predict (on-policy data, as in
+    DistillSpec, Zhou et al. 2023, arXiv:2310.08461). Deterministic given seed."""
+    from .generate import generate
+    check_count("n", n, 1)
+    new = teacher.config.context_length - prompt_len
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    batches = range(0, n, batch_size)
+    if show_progress:
+        from .progress import progress as bar
+        batches = bar(batches, desc="teacher continuations")
+    for i in batches:
+        starts = torch.randint(0, len(tokens) - prompt_len, (min(batch_size, n - i),), generator=generator)
+        prompts = torch.stack([tokens[s:s + prompt_len] for s in starts.tolist()])
+        sampled = (i // batch_size) % 2 == 1
+        out = generate(teacher, prompts, new, **(dict(temperature=0.8, top_k=40, seed=seed + i) if sampled else {}))
+        rows.append(torch.cat([prompts, out.tokens], dim=1))
+    return torch.cat(rows)
+
+
+@torch.no_grad()
+def greedy_agreement(student: GPT, teacher: GPT, rows: torch.Tensor, prompt_len: int) -> float:
+    """How often the student's argmax equals the teacher's after the prompt of each row: for rows the
+    teacher wrote greedily, this is the acceptance rate of a greedy speculative draft."""
+    x = rows[:, :-1]
+    return float((student(x, check=False).argmax(-1) == teacher(x, check=False).argmax(-1))[:, prompt_len - 1:]
+                 .float().mean())
+
+
 # ---------------------------------------------------------------- losses
 
 def unigram_loss(train_tokens: torch.Tensor, heldout_tokens: torch.Tensor, vocab_size: int) -> float:
@@ -125,7 +160,8 @@ def train(config: GPTConfig, steps: int, batch_size: int, tokens: torch.Tensor |
           seq_len: int | None = None, lr: float = 2e-3, warmup: int | None = None,
           weight_decay: float = 0.1, seed: int = 0, device: str | torch.device = "cpu",
           progress: Callable[[int, float], None] | None = None,
-          show_progress: bool = True, teacher: GPT | None = None) -> tuple[GPT, list[float]]:
+          show_progress: bool = True, teacher: GPT | None = None,
+          teacher_rows: torch.Tensor | None = None) -> tuple[GPT, list[float]]:
     """Train a fresh GPT(config) for `steps` AdamW steps on random windows of `tokens`.
 
     Deterministic: the weights come from `seed`, the batches from a torch.Generator seeded with
@@ -134,6 +170,7 @@ def train(config: GPTConfig, steps: int, batch_size: int, tokens: torch.Tensor |
     With a `teacher` the targets are its next-token distributions instead of the corpus's next
     tokens (distillation): the loss is the cross-entropy from the teacher's probabilities, which is
     what a speculative draft should match, since its proposals are judged against the teacher's p.
+    teacher_rows (from teacher_continuations) then supply every other batch, in place of corpus windows.
     tokens defaults to the course's training split. progress(step, loss) is called after every
     step (e.g. to update a live plot). Returns the model (in eval mode) and the loss of each step.
     """
@@ -157,6 +194,9 @@ def train(config: GPTConfig, steps: int, batch_size: int, tokens: torch.Tensor |
             raise ValueError(f"the teacher (vocab {tc.vocab_size}, context {tc.context_length}) must share the "
                              f"student's vocab ({config.vocab_size}) and cover its windows of {seq_len} tokens")
         teacher.eval()
+    if teacher_rows is not None and (teacher is None or teacher_rows.shape[1] < seq_len):
+        raise ValueError("teacher_rows need a teacher and rows of at least seq_len tokens "
+                         f"(got {tuple(teacher_rows.shape)} for seq_len={seq_len})")
 
     with torch.random.fork_rng(devices=[]):   # seed the init without touching the caller's RNG
         torch.manual_seed(seed)
@@ -179,6 +219,8 @@ def train(config: GPTConfig, steps: int, batch_size: int, tokens: torch.Tensor |
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup)
         x, y = get_batch(tokens, batch_size, seq_len, generator)
+        if teacher_rows is not None and step % 2 == 1:
+            x = teacher_rows[torch.randint(0, len(teacher_rows), (batch_size,), generator=generator), :seq_len]
         x, y = x.to(device), y.to(device)
         logits = model(x, check=False)
         if teacher is None:
@@ -240,6 +282,8 @@ def main(argv: list[str] | None = None) -> dict:
                    help="CPU threads; bitwise reproducibility needs the same count")
     p.add_argument("--teacher", choices=["none", *MODELS], default=None,
                    help="distil from this committed checkpoint (data/NAME) instead of the corpus's next tokens")
+    p.add_argument("--on-policy", type=int, default=None, metavar="N",
+                   help="with --teacher: also train on N of the teacher's own continuations (every other batch)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     make_config, out_dir, defaults = MODELS[args.model]
@@ -270,8 +314,15 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"step {step + 1:5d}/{args.steps}  loss {loss:.3f}  {time.perf_counter() - t0:6.0f} s", flush=True)
 
     teacher = None if args.teacher == "none" else load_checkpoint(DATA_DIR / args.teacher)
+    if args.on_policy and teacher is None:
+        p.error("--on-policy needs --teacher: the continuations are the teacher's")
+    rows = None
+    if args.on_policy:
+        rows = teacher_continuations(teacher, train_ids, args.on_policy, seed=args.seed)
+        print(f"{len(rows)} teacher continuations in {time.perf_counter() - t0:.0f} s", flush=True)
     model, losses = train(config, args.steps, args.batch_size, train_ids, lr=args.lr, warmup=args.warmup,
-                          seed=args.seed, progress=report, show_progress=False, teacher=teacher)
+                          seed=args.seed, progress=report, show_progress=False, teacher=teacher,
+                          teacher_rows=rows)
     train_time_s = time.perf_counter() - t0
     round_to_bf16(model)
     held = heldout_loss(model, heldout_ids)
@@ -280,7 +331,7 @@ def main(argv: list[str] | None = None) -> dict:
     ids = enc.encode_ordinary(prompt)
     greedy = enc.decode(generate(model, ids, 40).tokens[0].tolist())
     sampled = enc.decode(generate(model, ids, 60, temperature=0.8, top_k=40, seed=0).tokens[0].tolist())
-    metrics = dict(model=args.model, teacher=args.teacher, steps=args.steps, batch_size=args.batch_size, seq_len=config.context_length,
+    metrics = dict(model=args.model, teacher=args.teacher, on_policy=args.on_policy, steps=args.steps, batch_size=args.batch_size, seq_len=config.context_length,
                    lr=args.lr, warmup=args.warmup, seed=args.seed, threads=args.threads, n_params=config.num_params(),
                    train_tokens=len(train_ids), heldout_tokens=len(heldout_ids),
                    final_train_loss=round(sum(losses[-50:]) / len(losses[-50:]), 4),
@@ -288,6 +339,10 @@ def main(argv: list[str] | None = None) -> dict:
                    train_time_s=round(train_time_s, 1), torch_version=torch.__version__,
                    sample_prompt=prompt, sample_greedy=prompt + greedy,
                    sample_t08_top40_seed0=prompt + sampled)
+    if teacher is not None:
+        # Greedy agreement on the teacher's continuations of held-out prompts: the draft's alpha, estimated.
+        held_rows = teacher_continuations(teacher, heldout_ids, 64, seed=1, show_progress=False)   # one batch: greedy
+        metrics["heldout_greedy_agreement"] = round(greedy_agreement(model, teacher, held_rows, 32), 4)
     save_bf16(model, args.out, metrics)
     metrics = json.loads((args.out / "metrics.json").read_text())
     # A round trip through the files must give the model that was measured.

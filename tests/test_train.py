@@ -147,6 +147,43 @@ def test_distillation_moves_the_student_toward_the_teacher():
         tr.train(SMALL, 2, 2, tokens, show_progress=False, teacher=GPT(wrong))
 
 
+def test_teacher_continuations_are_windows_then_the_teachers_own_tokens():
+    """Rows start with a window of the corpus; the greedy batch continues it exactly as generate() does."""
+    from labutils.generate import generate
+    tokens = pattern()
+    teacher = GPT(SMALL)
+    rows = tr.teacher_continuations(teacher, tokens, 6, prompt_len=8, seed=2, batch_size=3, show_progress=False)
+    assert rows.shape == (6, SMALL.context_length)
+    text = tokens.tolist()
+    for row in rows[:, :8].tolist():
+        assert any(text[i:i + 8] == row for i in range(len(text) - 7))
+    greedy = generate(teacher, rows[:3, :8], SMALL.context_length - 8).tokens
+    assert torch.equal(rows[:3, 8:], greedy)                       # batch 0: greedy
+    assert not torch.equal(rows[3:, 8:], generate(teacher, rows[3:, :8], SMALL.context_length - 8).tokens)
+    again = tr.teacher_continuations(teacher, tokens, 6, prompt_len=8, seed=2, batch_size=3, show_progress=False)
+    assert torch.equal(rows, again)
+    assert tr.greedy_agreement(teacher, teacher, rows, 8) == 1.0
+    assert tr.greedy_agreement(GPT(SMALL), teacher, rows, 8) < 0.9  # another init disagrees somewhere
+
+
+def test_teacher_rows_are_refused_without_a_teacher():
+    rows = torch.zeros(4, SMALL.context_length, dtype=torch.long)
+    with pytest.raises(ValueError, match="teacher_rows need a teacher"):
+        tr.train(SMALL, 2, 2, pattern(), show_progress=False, teacher_rows=rows)
+
+
+def test_on_policy_training_raises_agreement_on_the_teachers_text():
+    """The student's corpus here is unlike what the teacher writes, as a real corpus is unlike a small model's
+    greedy loops: only a student that also trains on the teacher's continuations learns to agree there."""
+    text = torch.randint(0, 64, (400,), generator=torch.Generator().manual_seed(3))
+    teacher, _ = tr.train(SMALL, 40, 8, text, seq_len=32, lr=1e-2, warmup=3, show_progress=False)
+    rows = tr.teacher_continuations(teacher, text, 32, prompt_len=4, seed=0, batch_size=32, show_progress=False)
+    common = dict(lr=1e-2, warmup=3, show_progress=False, seed=7, teacher=teacher)
+    corpus_only, _ = tr.train(SMALL, 60, 8, pattern(), **common)
+    on_policy, _ = tr.train(SMALL, 60, 8, pattern(), teacher_rows=rows, **common)
+    assert tr.greedy_agreement(on_policy, teacher, rows, 4) > tr.greedy_agreement(corpus_only, teacher, rows, 4) + 0.2
+
+
 def test_committed_draft_is_small_shares_the_tokenizer_and_matches_its_metrics(course_split):
     draft, enc = load_pretrained("draft")
     target, _ = load_pretrained("tiny")
