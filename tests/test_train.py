@@ -151,7 +151,8 @@ def test_teacher_continuations_are_windows_then_the_teachers_own_tokens():
     """Rows start with a window of the corpus; the greedy batch continues it exactly as generate() does."""
     from labutils.generate import generate
     tokens = pattern()
-    teacher = GPT(SMALL)
+    torch.manual_seed(0)
+    teacher, other = GPT(SMALL), GPT(SMALL)
     rows = tr.teacher_continuations(teacher, tokens, 6, prompt_len=8, seed=2, batch_size=3, show_progress=False)
     assert rows.shape == (6, SMALL.context_length)
     text = tokens.tolist()
@@ -163,7 +164,7 @@ def test_teacher_continuations_are_windows_then_the_teachers_own_tokens():
     again = tr.teacher_continuations(teacher, tokens, 6, prompt_len=8, seed=2, batch_size=3, show_progress=False)
     assert torch.equal(rows, again)
     assert tr.greedy_agreement(teacher, teacher, rows, 8) == 1.0
-    assert tr.greedy_agreement(GPT(SMALL), teacher, rows, 8) < 0.9  # another init disagrees somewhere
+    assert tr.greedy_agreement(other, teacher, rows, 8) < 1.0      # another init disagrees somewhere
 
 
 def test_teacher_rows_are_refused_without_a_teacher():
