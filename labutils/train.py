@@ -20,10 +20,12 @@ TINY_DIR = DATA_DIR / "tiny"
 DRAFT_DIR = DATA_DIR / "draft"
 # Everything the rebuild depends on, in one place; changing any of these changes model.pt.
 DEFAULTS = dict(steps=1600, batch_size=8, lr=2e-3, warmup=50, seed=0, threads=2, teacher="none", on_policy=0)
-# The draft learns the tiny target's distributions (distillation), on corpus windows and on 2048 of the
+# The draft learns the tiny target's distributions (distillation), on corpus windows and on 4096 of the
 # target's own continuations: at decode time it is judged on text the target writes, not on the corpus.
-DRAFT_DEFAULTS = dict(steps=2400, batch_size=8, lr=3e-3, warmup=50, seed=0, threads=2, teacher="tiny",
-                      on_policy=2048)
+# Measured on the bench prompts at k=4: alpha 0.68 from corpus windows alone (1200 steps), 0.84 with
+# 2048 continuations (2400 steps), 0.89 with these settings.
+DRAFT_DEFAULTS = dict(steps=4000, batch_size=8, lr=3e-3, warmup=50, seed=0, threads=2, teacher="tiny",
+                      on_policy=4096)
 
 
 def draft_config() -> GPTConfig:
