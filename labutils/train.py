@@ -80,7 +80,11 @@ def get_batch(tokens: torch.Tensor, batch_size: int, seq_len: int,
     return x, y
 
 
-def teacher_continuations(teacher: GPT, tokens: torch.Tensor, n: int, prompt_len: int = 32, *,
+# Each teacher continuation starts from a corpus window this long (lesson 10's prompts are about as short).
+PROMPT_LEN = 32
+
+
+def teacher_continuations(teacher: GPT, tokens: torch.Tensor, n: int, prompt_len: int = PROMPT_LEN, *,
                           seed: int = 0, batch_size: int = 64, show_progress: bool = True) -> torch.Tensor:
     """n rows of context_length tokens: a random prompt_len-token window of `tokens`, then the teacher's
     continuation. Half are greedy and half sampled (temperature 0.8, top-k 40), the two ways lesson 10
@@ -221,6 +225,8 @@ def train(config: GPTConfig, steps: int, batch_size: int, tokens: torch.Tensor |
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup)
         x, y = get_batch(tokens, batch_size, seq_len, generator)
+        # On teacher-row steps the corpus batch above is drawn and dropped: skipping it would shift the
+        # generator, and with it every later batch and the committed draft's bits.
         if teacher_rows is not None and step % 2 == 1:
             x = teacher_rows[torch.randint(0, len(teacher_rows), (batch_size,), generator=generator), :seq_len]
         x, y = x.to(device), y.to(device)
@@ -343,8 +349,9 @@ def main(argv: list[str] | None = None) -> dict:
                    sample_t08_top40_seed0=prompt + sampled)
     if teacher is not None:
         # Greedy agreement on the teacher's continuations of held-out prompts: the draft's alpha, estimated.
-        held_rows = teacher_continuations(teacher, heldout_ids, 64, seed=1, show_progress=False)   # one batch: greedy
-        metrics["heldout_greedy_agreement"] = round(greedy_agreement(model, teacher, held_rows, 32), 4)
+        # n == batch_size: one batch, and the first batch is the greedy one.
+        held_rows = teacher_continuations(teacher, heldout_ids, 64, batch_size=64, seed=1, show_progress=False)
+        metrics["heldout_greedy_agreement"] = round(greedy_agreement(model, teacher, held_rows, PROMPT_LEN), 4)
     save_bf16(model, args.out, metrics)
     metrics = json.loads((args.out / "metrics.json").read_text())
     # A round trip through the files must give the model that was measured.
