@@ -50,10 +50,19 @@ test: $(TEST_DEPS)
 	$(BIN)/python -m pytest tests notebooks --nbval --nbval-current-env \
 		--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600
 
-# Re-execute every lesson and store its outputs (after changing labutils). Widget state is not
-# stored: each plotly FigureWidget would otherwise embed all of plotly.js (about 5 MB) in the file.
+# Re-execute every lesson (or LESSONS="notebooks/05_*.ipynb ...") and store its outputs, after changing labutils.
+# The stored timings must come from a quiet machine, one lesson at a time: before each lesson it asks
+# labutils.quiet whether other processes hold the CPU, and stops if they do (FORCE=1 runs anyway; the lessons
+# then print busy-machine lines, which tests/test_stored_outputs.py refuses). Widget state is not stored: each
+# plotly FigureWidget would otherwise embed all of plotly.js (about 5 MB) in the file.
+LESSONS ?= notebooks/*.ipynb
+FORCE ?= 0
 notebooks: setup
-	for nb in notebooks/*.ipynb; do \
+	for nb in $(LESSONS); do \
+		[ "$(FORCE)" = 1 ] || $(BIN)/python -m labutils.quiet 3 || { \
+			echo "make notebooks: the machine is busy, so stored timings would be wrong; stop the other"; \
+			echo "processes (tests, notebooks, builds) or run make notebooks FORCE=1"; exit 1; }; \
+		echo "executing $$nb"; \
 		$(BIN)/jupyter nbconvert --to notebook --execute --inplace \
 			--ExecutePreprocessor.kernel_name=prefill-decode-lab \
 			--ExecutePreprocessor.store_widget_state=False "$$nb" || exit 1; \

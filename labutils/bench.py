@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from . import quant, timing
+from . import quant, quiet, timing
 from .generate import decode_step, generate, prefill
 from .dtypes import dtype_name
 from .hardware import default_dtype
@@ -63,6 +63,7 @@ class BenchRow:
     setup: str                  # shape, dtype, device, lengths: enough to reproduce the row
     detail: str                 # the two measured sides
     status: str = ""            # PASS / FAIL / ERROR, or SKIP (cannot run here; detail says why)
+    machine: str = "quiet"      # "busy" when other processes used the CPU while the row ran (labutils.quiet)
 
     def __post_init__(self):
         if not self.status:
@@ -523,11 +524,15 @@ def run(settings: BenchSettings, rows: list[Callable[[BenchSettings], BenchRow]]
     for i, fn in enumerate(rows, 1):
         log(f"[{i}/{len(rows)}] {fn.__name__} ...")
         t0 = time.perf_counter()
-        try:
-            row = fn(settings)
-        except Exception as err:   # keep measuring the other rows; report this one
-            traceback.print_exc()
-            row = BenchRow(fn.__name__, float("nan"), "", "", f"{type(err).__name__}: {err}", status="ERROR")
+        with quiet.watch(report=False) as window:
+            try:
+                row = fn(settings)
+            except Exception as err:   # keep measuring the other rows; report this one
+                traceback.print_exc()
+                row = BenchRow(fn.__name__, float("nan"), "", "", f"{type(err).__name__}: {err}", status="ERROR")
+        if window.busy:
+            row.machine = "busy"
+            log(f"      {window.message}")
         if row.status == "SKIP":
             log(f"      SKIP: {row.detail}")
         else:
@@ -537,8 +542,8 @@ def run(settings: BenchSettings, rows: list[Callable[[BenchSettings], BenchRow]]
 
 
 def format_table(rows: list[BenchRow]) -> str:
-    header = ("row", "ratio", "target", "status", "measured", "setup")
-    lines = [(r.name, f"{r.ratio:.2f}", r.target, r.status, r.detail, r.setup) for r in rows]
+    header = ("row", "ratio", "target", "status", "machine", "measured", "setup")
+    lines = [(r.name, f"{r.ratio:.2f}", r.target, r.status, r.machine, r.detail, r.setup) for r in rows]
     widths = [max(len(x[i]) for x in [header, *lines]) for i in range(len(header))]
     fmt = " | ".join(f"{{:<{w}}}" for w in widths)
     return "\n".join([fmt.format(*header), "-+-".join("-" * w for w in widths), *(fmt.format(*x) for x in lines)])
@@ -573,9 +578,20 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"no row matches --only {args.only!r}; rows: {[fn.__name__ for fn in ROWS]}")
     print(f"device {settings.device}, torch {torch.__version__}, {torch.get_num_threads()} CPU threads"
           f"{', quick shapes' if settings.quick else ''}")
+    before = quiet.sample(1.0)
+    if before.busy:
+        print(before.message.replace("during this measurement", "before the bench started"))
+    from .peaks import measured_peaks
+    # The shared peaks, for reference. Each ratio row still times its own denominator (a copy, a matmul)
+    # interleaved with its numerator, so load that drifts during the run hits both sides of the ratio alike.
+    print(measured_peaks(settings.device))
     results = run(settings, rows)
     print()
     print(format_table(results))
+    busy = [r.name for r in results if r.machine == "busy"]
+    if busy:
+        print(f"\n{quiet.MARKER} {len(busy)} of {len(results)} rows ran while other processes held the CPU "
+              f"({', '.join(busy)}); {quiet.ADVICE}, then run the bench again")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(to_json(results, settings), f, indent=2)

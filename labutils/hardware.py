@@ -411,26 +411,8 @@ def measure_linear_sweep(n_out: int = 3072, n_in: int = 768, batches=(1, 2, 4, 8
 
 
 # ---------------------------------------------------------------------------------------------
-# Measured peaks, once per session
+# The dtype models run in, and the ridge point (labutils.peaks keeps the measured ceilings)
 # ---------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Peaks:
-    """This machine's measured ceilings: copy bandwidth and GEMM FLOP/s for one dtype."""
-
-    bandwidth_Bps: float
-    flops: float
-    device_name: str
-    dtype: str = "float32"
-
-    @property
-    def ridge(self) -> float:
-        """FLOP per byte where the roofline bends: below it a kernel waits on memory."""
-        return ridge_point(self.flops, self.bandwidth_Bps)
-
-
-_PEAKS: dict[tuple[str, torch.dtype], Peaks] = {}
-
 
 def default_dtype(device: torch.device | str | None = None) -> torch.dtype:
     """The dtype models run in on `device`: bf16 (or fp16 before Ampere) on CUDA, fp32 elsewhere."""
@@ -438,26 +420,6 @@ def default_dtype(device: torch.device | str | None = None) -> torch.dtype:
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
     return torch.float32
-
-
-def measured_peaks(device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-                   refresh: bool = False) -> Peaks:
-    """measured_peaks(device=None, dtype=None, refresh=False) -> Peaks(bandwidth_Bps, flops, device_name, dtype).
-
-    The ceilings MBU and MFU divide by: `measure_bandwidth(device)` and
-    `measure_matmul_flops(dtype, device)`, measured on the first call (~1-2 s on a laptop CPU)
-    and cached for the session per (device, dtype); `refresh=True` measures again.
-    `device=None` means `pick_device()`; `dtype=None` means `default_dtype(device)`.
-    """
-    device = _resolve(device)
-    dtype = default_dtype(device) if dtype is None else dtype
-    key = (str(device), dtype)
-    if refresh or key not in _PEAKS:
-        _PEAKS[key] = Peaks(bandwidth_Bps=measure_bandwidth(device),
-                            flops=measure_matmul_flops(dtype, device),
-                            device_name=describe_device(device),
-                            dtype=str(dtype).removeprefix("torch."))
-    return _PEAKS[key]
 
 
 def ridge_point(flops: float, bandwidth_Bps: float) -> float:

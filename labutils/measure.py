@@ -7,13 +7,14 @@ from collections import OrderedDict
 
 import torch
 
-from . import roofline
+from . import quiet, roofline
 from .dtypes import COMPUTE_DTYPES, dtype_name, torch_dtype
 from .generate import generate
-from .hardware import default_dtype, free_memory_bytes, is_oom, measured_peaks, pick_device
+from .hardware import default_dtype, free_memory_bytes, is_oom, pick_device
 from .kvcache import KVCache
 from .timing import time_fn
 from .model import GPT, GPTConfig
+from .peaks import measured_peaks
 from .presets import PRESETS
 from .validate import check_choice, check_count, check_device, check_dtype, check_seed
 
@@ -165,7 +166,7 @@ def measure_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 
     """Run one real request (random prompt ids, greedy decode) and return its metrics as a plain row.
 
     With repeats > 1 the request runs that many times; TTFT and TPOT are medians and the timestamps
-    come from the run with the median latency. `peaks` (hardware.measured_peaks) defaults to this
+    come from the run with the median latency. `peaks` (peaks.measured_peaks) defaults to this
     device's measured bandwidth and FLOP/s, for MBU and MFU. `context_length` overrides the preset's
     position table (GPT-2's 1,024 positions cannot hold 1,000 + 200 tokens).
     """
@@ -177,7 +178,8 @@ def measure_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 
         g = torch.Generator().manual_seed(seed)
         ids = torch.randint(0, model.config.vocab_size, (batch, prompt_len), generator=g)
         generate(model, ids[:, :min(prompt_len, 16)], 2)            # warm this batch size up, untimed
-        runs = [generate(model, ids, new_tokens) for _ in range(repeats)]
+        with quiet.watch():                                         # one line if others were busy meanwhile
+            runs = [generate(model, ids, new_tokens) for _ in range(repeats)]
     except (RuntimeError, MemoryError) as err:    # torch.OutOfMemoryError is a RuntimeError
         if not is_oom(err):
             raise

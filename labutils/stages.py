@@ -10,7 +10,7 @@ from typing import Callable, Hashable
 import plotly.graph_objects as go
 import torch
 
-from . import roofline, timing
+from . import quiet, roofline, timing
 from .fastgen import STAGES, FastDecoder
 from .generate import GenerationResult, check_request, generate
 from .validate import check_count
@@ -67,7 +67,7 @@ def time_requests(requests: dict[Hashable, Request], *, rounds: int = 3,
     """Each request's median TPOT over `rounds`, timed in alternation (A B C A B C ...) after one untimed warm-up.
 
     Alternating makes a drifting load (other programs, clock changes) hit every request alike, so their
-    ratios mean something on a busy machine. With `bandwidth_Bps` (hardware.measured_peaks) each run also
+    ratios mean something on a busy machine. With `bandwidth_Bps` (peaks.measured_peaks) each run also
     gets its bandwidth floor and MBU, from roofline, in the model's own dtype.
     """
     rounds = check_count("rounds", rounds, 1)
@@ -77,9 +77,10 @@ def time_requests(requests: dict[Hashable, Request], *, rounds: int = 3,
     for run, *_ in runners.values():
         run()                                   # warm-up: first-call allocations, lazy init
     results: dict[Hashable, list[GenerationResult]] = {key: [] for key in requests}
-    for _ in range(rounds):
-        for key, (run, *_) in runners.items():
-            results[key].append(run())
+    with quiet.watch():                         # one line if other processes were busy meanwhile
+        for _ in range(rounds):
+            for key, (run, *_) in runners.items():
+                results[key].append(run())
     out = {}
     for key, req in requests.items():
         _, setup_s, mode, fallback = runners[key]

@@ -9,6 +9,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from . import quiet
 from .validate import check_count, check_device, check_timestamps, describe
 
 
@@ -60,6 +61,7 @@ def time_fn(fn: Callable[[], object], *, device: torch.device | str = "cpu",
 
     On CUDA we bracket each call with CUDA events, which time the GPU's own work
     rather than the host's launch of it. Elsewhere we synchronize and read the host clock.
+    When other processes were busy meanwhile, it prints labutils.quiet's one-line warning.
     """
     # The bounds keep a typo (10**9 repeats) from stalling a notebook; a median needs a few dozen.
     repeats = check_count("repeats", repeats, 1, MAX_REPEATS, hint="a median needs a few dozen repeats")
@@ -67,6 +69,11 @@ def time_fn(fn: Callable[[], object], *, device: torch.device | str = "cpu",
     if not callable(fn):
         raise TypeError(f"fn must be a function of no arguments, got {describe(fn)}; wrap a call as lambda: f(x)")
     device = check_device("device", device)
+    with quiet.watch():              # one line if other processes were busy meanwhile (outermost watch only)
+        return _time(fn, device, warmup, repeats)
+
+
+def _time(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int) -> Timing:
     for _ in range(warmup):
         fn()
     synchronize(device)

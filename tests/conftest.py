@@ -1,4 +1,7 @@
 """Shared test settings."""
+import os
+import tempfile
+
 import pytest
 import torch
 from hypothesis import settings
@@ -22,6 +25,7 @@ def pytest_collection_modifyitems(config, items):
 def pytest_terminal_summary(terminalreporter):
     """After a run that included the fuzz suite, say how many examples each target got (issue 10 asks for it)."""
     import sys
+    _claims_summary(terminalreporter)
     fuzz = sys.modules.get("test_fuzz")
     if fuzz is None or not fuzz.EXAMPLES:
         return
@@ -29,3 +33,24 @@ def pytest_terminal_summary(terminalreporter):
     for name, n in sorted(fuzz.EXAMPLES.items()):
         terminalreporter.write_line(f"{n:5d} {fuzz.REFUSED[name]:5d}  {name}")
     terminalreporter.write_line(f"{sum(fuzz.EXAMPLES.values()):5d} {sum(fuzz.REFUSED.values()):5d}  in all")
+
+
+# Tests (and the lessons nbval runs from this process) keep their measured peaks in a private cache, so a test
+# never writes the learner's ~/.cache/prefill-decode-lab/peaks.json and every run starts from a fresh file.
+if "LABUTILS_CACHE_DIR" not in os.environ:
+    os.environ["LABUTILS_CACHE_DIR"] = tempfile.mkdtemp(prefix="labutils-test-cache-")
+
+
+def _claims_summary(terminalreporter):
+    """After the stored-output test ran, how many claims each stored lesson checks (issue 16 asks for it)."""
+    import sys
+    stored = sys.modules.get("test_stored_outputs")
+    if stored is None or not stored.COUNTS:
+        return
+    terminalreporter.section("claims in the stored lessons (holds / does not hold here / not expected here)")
+    for name, counts in sorted(stored.COUNTS.items()):
+        terminalreporter.write_line(f"{counts['[holds]']:4d} {counts['[does not hold here]']:4d} "
+                                    f"{counts['[not expected here]']:4d}  {name}")
+    total = {k: sum(c[k] for c in stored.COUNTS.values()) for k in next(iter(stored.COUNTS.values()))}
+    terminalreporter.write_line(f"{total['[holds]']:4d} {total['[does not hold here]']:4d} "
+                                f"{total['[not expected here]']:4d}  in all")

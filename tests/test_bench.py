@@ -1,6 +1,7 @@
 """The benchmark machinery on tiny shapes: rows, ratio columns, JSON, errors. No timing asserts."""
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -140,3 +141,16 @@ def test_speculative_rows_report_alpha_and_best_k_and_assert_identical_tokens(mo
     monkeypatch.setattr(spec, "speculative_generate", off_by_one)
     with pytest.raises(AssertionError, match="differ from greedy"):
         bench.speculative_draft_vs_greedy(s)
+
+
+def test_a_row_run_on_a_busy_machine_says_so(monkeypatch, capsys):
+    from labutils import quiet
+    from test_quiet import fake_counters
+    fake_counters(monkeypatch, others_per_reading=150)          # others hold 1.5 of 2 cores throughout
+    monkeypatch.setattr(bench, "ROWS", [lambda s: bench.BenchRow("made up", 2.0, ">= 1", "made up", "made up")])
+    monkeypatch.setattr(quiet, "sample", lambda seconds=1.0: quiet.Window(cores=2, others_cores=1.5))
+    assert bench.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(quiet.MARKER) >= 3          # before the run, on the row, and in the closing line
+    assert "1 of 1 rows ran while other processes held the CPU" in out
+    assert re.search(r"\| busy +\|", out)        # the table's machine column

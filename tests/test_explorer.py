@@ -7,13 +7,14 @@ import torch
 
 from labutils import measure
 from labutils import request_figures as rf
-from labutils.hardware import Peaks
+from labutils.peaks import Peaks
 from labutils.widgets import explorer
 
 # The package exports the function `explorer`, which shadows the module of the same name.
 explorer_mod = importlib.import_module("labutils.widgets.explorer")
 
-FAKE_PEAKS = Peaks(bandwidth_Bps=10e9, flops=100e9, device_name="test CPU")
+# Far above any machine, so a real tiny-model request never comes out above 100% (which re-measures).
+FAKE_PEAKS = Peaks(bandwidth_Bps=10e12, flops=100e12, device_name="test CPU")
 TINY = dict(preset="tiny", prompt_len=32, new_tokens=8)
 
 
@@ -34,12 +35,12 @@ def test_measure_request_returns_consistent_metrics():
     assert row["tpot_s"] == pytest.approx((row["timestamps"][-1] - row["timestamps"][0]) / 5)
     assert row["decode_pos"] == 16 + 3
     assert row["decode_bytes"] == measure.roofline.decode_bytes(measure.GPTConfig.preset("tiny"), 19, 2, "fp32")
-    assert row["mbu"] == pytest.approx(row["decode_bytes"] / row["tpot_s"] / 10e9)
+    assert row["mbu"] == pytest.approx(row["decode_bytes"] / row["tpot_s"] / 10e12)
     # MFU uses the same FLOPs as the prefill floor (roofline.prefill_flops, attention included).
     flops = measure.roofline.prefill_flops(measure.GPTConfig.preset("tiny"), 16, 2)
     assert row["prefill_flops"] == flops
-    assert row["mfu_prefill"] == pytest.approx(flops / row["ttft_s"] / 100e9)
-    assert row["achieved_flops"] == pytest.approx(row["mfu_prefill"] * 100e9)
+    assert row["mfu_prefill"] == pytest.approx(flops / row["ttft_s"] / 100e12)
+    assert row["achieved_flops"] == pytest.approx(row["mfu_prefill"] * 100e12)
     assert row["throughput_tok_s"] == pytest.approx(2 * 6 / row["latency_s"])
     assert row["device_name"] == "test CPU"
 
@@ -215,3 +216,12 @@ def test_explorer_refuses_a_preset_not_offered():
     with pytest.raises(ValueError, match="not offered"):
         explorer(device="cpu", preset="llama-2-70b")
     assert math.isfinite(measure.free_bytes("cpu"))
+
+
+def test_a_measurement_on_a_busy_machine_says_so_in_the_status(monkeypatch):
+    from test_quiet import fake_counters
+    ex = explorer_mod.Explorer("cpu", measure_fn=Counting(), **TINY)
+    assert "busy machine" not in ex.status.value
+    fake_counters(monkeypatch, others_per_reading=150)          # others hold 1.5 of 2 cores from now on
+    ex.new_tokens.value = 12
+    assert "busy machine" in ex.status.value and "close other notebooks" in ex.status.value

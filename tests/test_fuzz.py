@@ -29,7 +29,7 @@ import labutils
 from labutils import generate as gen
 from labutils import fastgen, hardware, measure, roofline, timing, tokenizer
 from labutils.dtypes import BYTES
-from labutils.hardware import Peaks
+from labutils.peaks import Peaks
 from labutils.kvcache import KVCache
 from labutils.model import GPT, GPTConfig
 from labutils.presets import PRESETS

@@ -6,7 +6,7 @@ import torch
 
 from labutils import measure, timing
 from labutils.generate import generate
-from labutils.hardware import measured_peaks
+from labutils.peaks import measured_peaks
 from labutils.model import GPT, GPTConfig
 
 pytestmark = pytest.mark.gpu

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from labutils import hardware as hw
-from labutils.hardware import (SPECS, MeasurementError, Peaks, describe_device, match_spec, measure_bandwidth,
-                               measure_matmul_flops, measured_peaks, pick_device, ridge_point)
+from labutils.hardware import (SPECS, MeasurementError, describe_device, match_spec, measure_bandwidth,
+                               measure_matmul_flops, pick_device, ridge_point)
 
 
 def _no_accelerators(monkeypatch):
@@ -128,21 +128,6 @@ def test_other_runtime_errors_pass_through(monkeypatch):
     monkeypatch.setattr(hw, "_empty", fail)
     with pytest.raises(RuntimeError, match="something else broke"):
         measure_bandwidth("cpu", nbytes=1 << 20)
-
-
-def test_measured_peaks_cached_per_device_and_dtype(monkeypatch):
-    calls = []
-    monkeypatch.setattr(hw, "_PEAKS", {})
-    monkeypatch.setattr(hw, "measure_bandwidth", lambda device: calls.append("bw") or 10e9)
-    monkeypatch.setattr(hw, "measure_matmul_flops", lambda dtype, device: calls.append(dtype) or 100e9)
-    p = measured_peaks("cpu")
-    assert isinstance(p, Peaks) and p.dtype == "float32" and p.ridge == 10.0
-    assert p.bandwidth_Bps == 10e9 and p.flops == 100e9 and "cores" in p.device_name
-    assert measured_peaks(torch.device("cpu")) is p and len(calls) == 2
-    measured_peaks("cpu", torch.bfloat16)
-    assert calls[-1] == torch.bfloat16 and len(calls) == 4
-    measured_peaks("cpu", refresh=True)
-    assert len(calls) == 6
 
 
 def test_ridge_point_formula_and_errors():

@@ -5,7 +5,7 @@ import pytest
 
 from labutils import measure, roofline
 from labutils import roofline_figures as figs
-from labutils.hardware import Peaks
+from labutils.peaks import Peaks
 from labutils.model import GPTConfig
 from labutils.widgets import BatchRoofline
 

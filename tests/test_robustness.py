@@ -10,7 +10,8 @@ import torch
 
 from labutils import measure, roofline, timing
 from labutils.generate import decode_step, generate, prefill, sample, sampling_probs
-from labutils.hardware import Peaks, pick_device
+from labutils.hardware import pick_device
+from labutils.peaks import Peaks
 from labutils.kvcache import KVCache
 from labutils.model import GPT, GPTConfig
 from labutils.tokenizer import encode, get_encoding, train_bpe

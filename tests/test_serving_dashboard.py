@@ -76,3 +76,13 @@ def test_an_engine_error_never_escapes_the_button(model):
 def test_dashboard_workload_checks_the_context():
     with pytest.raises(ValueError, match="shortest request"):
         dashboard_workload(64, 10, n_requests=2, rate=None, prompt_len=(40, 50), output_len=(30, 40))
+
+
+def test_a_run_on_a_busy_machine_says_so(model, monkeypatch):
+    from test_quiet import fake_counters
+    dash = ServingDashboard(model, n_requests=4)
+    dash.run()
+    assert "busy machine" not in dash.status.value
+    fake_counters(monkeypatch, others_per_reading=150)
+    dash.run()
+    assert "busy machine" in dash.status.value and "timings are unreliable" in dash.status.value

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import quiet
 from ..fastgen import pick_token
 from ..roofline import kv_bytes_per_token
 from ..validate import check_choice, check_count, check_flag, check_number, model_device, model_dtype
@@ -250,7 +251,8 @@ def run_workload(engine: Engine, workload: Workload) -> tuple[list[RequestResult
     if engine.busy:
         raise RuntimeError("the engine is still serving an earlier workload; call run() first")
     ids = [engine.submit(r.prompt_ids, r.max_new_tokens, r.arrival_s, r.eos_id) for r in workload]
-    by_id = {r.id: r for r in engine.run()}
+    with quiet.watch():                         # one line if other processes were busy meanwhile
+        by_id = {r.id: r for r in engine.run()}
     results = [by_id[i] for i in ids]
     for index, (r, req) in enumerate(zip(results, workload)):
         r.id = index if req.id is None else req.id

@@ -9,7 +9,8 @@ import plotly.graph_objects as go
 from .. import measure
 from .. import roofline_figures as figs
 from ..dtypes import torch_dtype
-from ..hardware import measured_peaks, pick_device
+from ..hardware import pick_device
+from ..peaks import measured_peaks
 from ..model import GPTConfig
 from ..validate import check_row
 
@@ -71,5 +72,5 @@ class BatchRoofline(w.VBox):
 
 def batch_roofline(device=None, **kwargs) -> BatchRoofline:
     """The lesson-07 batch slider on `device`; points= (rows already measured) start it, peaks= defaults to
-    hardware.measured_peaks for the dtype."""
+    peaks.measured_peaks for the dtype."""
     return BatchRoofline(device, **kwargs)

@@ -8,10 +8,11 @@ import ipywidgets as w
 import plotly.graph_objects as go
 import torch
 
-from .. import measure
+from .. import measure, quiet
 from .. import request_figures as rf
 from ..dtypes import torch_dtype
-from ..hardware import measured_peaks, pick_device
+from ..hardware import pick_device
+from ..peaks import measured_peaks
 from ..model import GPTConfig
 from ..validate import check_row
 
@@ -36,6 +37,7 @@ class Explorer(w.VBox):
         device = str(pick_device(device) if device is None or isinstance(device, str) else device)
         self._measure = measure_fn
         self.results: dict[tuple, dict] = {}      # settings -> row
+        self.busy: dict[tuple, str] = {}          # settings -> labutils.quiet's warning, when others were busy
         self.rows: list[dict] = []                # every measurement, for the sweep plot
         self.measurements = 0
         self._hold = False
@@ -141,7 +143,9 @@ class Explorer(w.VBox):
             else:
                 measure.check_request(**s)            # quick: context length, memory, dtype
                 # Checked before it is kept or drawn: a row missing a key must not half-draw the plots.
-                row = check_row("the measurement", self._run(s), ROW_NUMBERS, ROW_OTHERS)
+                with quiet.watch(report=False) as window:
+                    row = check_row("the measurement", self._run(s), ROW_NUMBERS, ROW_OTHERS)
+                self.busy[key] = window.message if window.busy else ""
                 self.results[key] = row
                 self.rows.append(row)
             self._draw(row, s)
@@ -187,10 +191,12 @@ class Explorer(w.VBox):
         rf.update_sweep(self.fig_sweep, self.rows, s)
         rf.update_utilization(self.fig_util, row)
         self.progress.value, self.progress.bar_style = self.progress.max, "success"
+        busy = self.busy.get(tuple(s.values()), "")
         self.status.value = (f"TTFT <b>{row['ttft_s'] * 1e3:.1f} ms</b> &middot; TPOT <b>{row['tpot_s'] * 1e3:.2f} "
                              f"ms</b> ({row['decode_tok_s']:.1f} tokens/s, {row['achieved_Bps'] / 1e9:.2f} GB/s) "
                              f"&middot; MBU {100 * row['mbu']:.1f}% &middot; prefill MFU "
-                             f"{100 * row['mfu_prefill']:.1f}%")
+                             f"{100 * row['mfu_prefill']:.1f}%"
+                             + (f"<br><span style='color:#b00020'>&#9888; {html.escape(busy)}</span>" if busy else ""))
 
 
 def _notes_html(device: str, notes: list[str]) -> str:

@@ -6,6 +6,7 @@ import html
 import ipywidgets as w
 import plotly.graph_objects as go
 
+from .. import quiet
 from ..serving.engine import Served, serve
 from ..serving.figures import gantt_figure
 from ..serving.workload import Workload, make_workload
@@ -81,7 +82,8 @@ class ServingDashboard(w.VBox):
         try:
             self.status.value = "&#9203; serving ..."
             wl = self.workload()
-            served = self._serve(self.model, wl, self.slots.value, prefix_caching=self.caching.value)
+            with quiet.watch(report=False) as window:
+                served = self._serve(self.model, wl, self.slots.value, prefix_caching=self.caching.value)
             self.served = served
             self.meters.value = meters_html(served)
             new = gantt_figure(served.results, f"{len(wl)} requests, {self.slots.value} batch slots")
@@ -97,6 +99,8 @@ class ServingDashboard(w.VBox):
             return None
         rejected = [r for r in served.results if r.finish_reason == "rejected"]
         note = (f"; {len(rejected)} rejected: {html.escape(rejected[0].error)}" if rejected else "")
+        if window.busy:
+            note += f"<br><span style='color:#b00020'>&#9888; {html.escape(window.message)}</span>"
         self.status.value = f"{html.escape(wl.description)}{note}"
         return served
 
