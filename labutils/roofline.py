@@ -305,7 +305,8 @@ def prefill_floor_s(x, prompt_len: int, batch: int = 1, *, peak_flops: float) ->
 def mbu(x, pos: int, batch: int, dtype, tpot_s: float, bandwidth_Bps: float, *, warn: bool = True) -> float:
     """Model bandwidth utilization: (weight + KV-cache bytes read per decode step) / TPOT / peak bandwidth.
 
-    Above 1 it warns (see _utilization); `warn=False` is for callers whose inputs are all measured in the
+    Databricks defines MBU against the datasheet bandwidth; with a measured copy bandwidth (labutils.peaks) the
+    same formula gives the share "of measured copy bandwidth", and the lessons name it so. Above 1 it warns (see _utilization); `warn=False` is for callers whose inputs are all measured in the
     right units (measure, stages), where a small model in a CPU cache can really beat the DRAM peak.
     """
     _check_positive(tpot_s=tpot_s, bandwidth_Bps=bandwidth_Bps)
@@ -316,7 +317,8 @@ def mbu(x, pos: int, batch: int, dtype, tpot_s: float, bandwidth_Bps: float, *, 
 def mfu(flops: float, seconds: float, peak_flops: float, *, warn: bool = True) -> float:
     """Model FLOPs utilization: useful FLOPs / seconds / peak FLOP/s.
 
-    `flops` comes from prefill_flops or decode_flops (attention included), the same count the floors use.
+    PaLM defines MFU against the datasheet FLOP/s; with a measured matmul peak it is the share "of measured
+    matmul FLOP/s". `flops` comes from prefill_flops or decode_flops (attention included), the same count the floors use.
     Above 1 it warns unless warn=False, as mbu does.
     """
     _check_positive(seconds=seconds, peak_flops=peak_flops)

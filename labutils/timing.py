@@ -1,4 +1,4 @@
-"""Device-aware timing and the request metrics TTFT, TPOT and ITL (vLLM / MLPerf definitions)."""
+"""Device-aware timing and the request metrics TTFT, TPOT and ITL, as vLLM's serving benchmark defines them."""
 from __future__ import annotations
 
 import contextlib

@@ -78,3 +78,27 @@ def link_problem(name: str, fragment: str | None, notebooks: Path = NOTEBOOKS) -
         return (f"{name} has no heading with anchor #{fragment}"
                 + (f" (headings there starting alike: {', '.join('#' + a for a in near)})" if near else ""))
     return None
+
+
+def section_cells(path: Path, fragment: str | None) -> list[dict]:
+    """The cells under the heading with this anchor, up to the next heading of the same or a higher level.
+
+    With no fragment, the whole notebook. A heading in the middle of a markdown cell starts its section there,
+    so the rest of that cell and the cells after it count; an unknown anchor gives [].
+    """
+    cs = cells(path)
+    if not fragment:
+        return cs
+    for i, c in enumerate(cs):
+        if c["cell_type"] != "markdown":
+            continue
+        for level, text in markdown_headings(c["source"]):
+            if anchor(text) != fragment:
+                continue
+            out = [c]
+            for nxt in cs[i + 1:]:
+                if nxt["cell_type"] == "markdown" and any(lvl <= level for lvl, _ in markdown_headings(nxt["source"])):
+                    break
+                out.append(nxt)
+            return out
+    return []

@@ -7,7 +7,8 @@ import pytest
 
 from labutils import gpu_table
 from labutils.hardware import SPECS
-from notebook_links import ROOT, link_problem, notebook_links
+from notebook_links import NOTEBOOKS, ROOT, link_problem, notebook_links, section_cells
+from test_stored_outputs import CLAIM_CALL
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 CLAIMS_HEADING = "## What the source texts claim, and where you measure it"
@@ -26,15 +27,38 @@ def table_rows(markdown: str) -> list[str]:
     return rows[2:]
 
 
+SHOWN_AS = ("measured", "computed", "not shown")
+
+
+def section_shows(name: str, fragment: str | None, kind: str) -> bool:
+    """Whether a linked section holds what its row promises: a claim() call (measured) or a code cell (computed)."""
+    code = [c["source"] for c in section_cells(NOTEBOOKS / name, fragment) if c["cell_type"] == "code"]
+    return any(CLAIM_CALL.search(src) for src in code) if kind == "measured" else bool(code)
+
+
 def row_problems(row: str) -> list[str]:
-    """Why one claim-table row fails: no link to a lesson, or a link whose notebook or heading does not exist."""
-    cells = [c.strip() for c in row.strip().strip("|").split("|")]
-    if len(cells) != 3 or not cells[0]:
-        return [f"a row needs 3 cells (claim | where | note), got {len(cells)}: {row[:80]!r}"]
-    links = notebook_links(cells[1])
+    """Why one claim-table row fails: a missing link or heading, or a section that does not show the claim.
+
+    A row is `claim | where | shown as | note`. "measured": some linked section calls labutils.claims.claim on its
+    own measurement; "computed": some linked section computes it in a code cell; "not shown": no lesson shows it,
+    and the note says why.
+    """
+    cells_ = [c.strip() for c in row.strip().strip("|").split("|")]
+    if len(cells_) != 4 or not cells_[0]:
+        return [f"a row needs 4 cells (claim | where | shown as | note), got {len(cells_)}: {row[:80]!r}"]
+    claim, where, kind, note = cells_
+    if kind not in SHOWN_AS:
+        return [f"{claim!r}: 'shown as' must be one of {SHOWN_AS}, got {kind!r}"]
+    links = notebook_links(where)
+    if kind == "not shown":
+        return [] if note else [f"{claim!r} is not shown anywhere: its note must say why"]
     if not links:
-        return [f"{cells[0]!r} links to no lesson section"]
-    return [f"{cells[0]!r}: {p}" for name, frag in links if (p := link_problem(name, frag))]
+        return [f"{claim!r} links to no lesson section"]
+    problems = [f"{claim!r}: {p}" for name, frag in links if (p := link_problem(name, frag))]
+    if not problems and not any(section_shows(name, frag, kind) for name, frag in links):
+        what = "a claim() call on its measurement" if kind == "measured" else "a code cell that computes it"
+        problems.append(f"{claim!r} is marked {kind}, but none of its linked sections holds {what}")
+    return problems
 
 
 def test_the_claim_table_is_there_and_full():
@@ -48,11 +72,17 @@ def test_every_claim_links_to_a_heading_that_exists():
 
 
 @pytest.mark.parametrize("row, expected", [
-    ("| a made-up claim | [05 §3](notebooks/05_prefill_decode.ipynb#3.-The-seeds-bar-chart) | |", "no heading"),
-    ("| a made-up claim | [05 §3](notebooks/05_prefill_decode.ipynb#3.-the-seed's-bar-chart,-measured-on-this-machine) | |",
-     "no heading"),                                                       # JupyterLab's anchors keep case
-    ("| a made-up claim | [99](notebooks/99_missing.ipynb) | |", "does not exist"),
-    ("| a made-up claim | lesson 05 | |", "links to no lesson section"),
+    ("| a made-up claim | [05 §3](notebooks/05_prefill_decode.ipynb#3.-The-seeds-bar-chart) | computed | |", "no heading"),
+    ("| a made-up claim | [05 §3](notebooks/05_prefill_decode.ipynb#3.-the-seed's-bar-chart,-measured-on-this-machine) "
+     "| computed | |", "no heading"),                                      # JupyterLab's anchors keep case
+    ("| a made-up claim | [99](notebooks/99_missing.ipynb) | computed | |", "does not exist"),
+    ("| a made-up claim | lesson 05 | computed | |", "links to no lesson section"),
+    ("| a made-up claim | [05 §3](notebooks/05_prefill_decode.ipynb) | |", "needs 4 cells"),
+    ("| a made-up claim | [05 §3](notebooks/05_prefill_decode.ipynb) | shown | |", "'shown as' must be one of"),
+    ("| a made-up claim | | not shown | |", "its note must say why"),
+    # The quiz heading holds one code cell (the quiz) and no claim() call.
+    ("| a made-up claim | [05 quiz](notebooks/05_prefill_decode.ipynb#Checkpoint-quiz) | measured | |",
+     "none of its linked sections holds a claim() call"),
 ])
 def test_a_wrong_row_fails(row, expected):
     problems = row_problems(row)
@@ -61,8 +91,21 @@ def test_a_wrong_row_fails(row, expected):
 
 def test_a_right_row_passes():
     row = ("| made up | [05 §3](notebooks/05_prefill_decode.ipynb#3.-The-seed's-bar-chart,-measured-on-this-machine), "
-           "[01 §6](notebooks/01_tokenization.ipynb#6.-Checking-a-claim:-%225,000-characters-is-about-1,300-tokens%22) | |")
+           "[01 §6](notebooks/01_tokenization.ipynb#6.-Checking-a-claim:-%225,000-characters-is-about-1,300-tokens%22) "
+           "| computed | |")
     assert row_problems(row) == []
+    assert row_problems("| made up | | not shown | a claim about history, not about a machine |") == []
+
+
+def test_a_heading_only_section_is_not_a_computation(tmp_path):
+    import json
+    nb = {"cells": [{"cell_type": "markdown", "source": "## 1. Words\nonly words"},
+                    {"cell_type": "markdown", "source": "## 2. Code"}, {"cell_type": "code", "source": "1 + 1"}],
+          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (tmp_path / "01_x.ipynb").write_text(json.dumps(nb))
+    assert section_cells(tmp_path / "01_x.ipynb", "1.-Words")[0]["source"].startswith("## 1.")
+    assert [c["cell_type"] for c in section_cells(tmp_path / "01_x.ipynb", "1.-Words")] == ["markdown"]
+    assert [c["cell_type"] for c in section_cells(tmp_path / "01_x.ipynb", "2.-Code")] == ["markdown", "code"]
 
 
 def test_every_lesson_link_in_the_readme_lands():
