@@ -7,17 +7,24 @@ that lesson 08 times with this same code:
 1. Host syncs out ("sync-free"). generate() copies every token to the host and synchronizes, so
    the CPU waits for the GPU and the GPU then idles while Python launches the next step. Here the
    next token stays on the device and feeds the next step directly; it is also copied into a
-   pinned host buffer with non_blocking=True, which does not wait. Sampling avoids
-   torch.multinomial (it syncs): the exponential race, argmax(p / E) with E ~ Exponential(1),
-   picks token i with probability p_i. Timestamps come from CUDA events, read once at the end.
+   pinned host buffer with non_blocking=True, which does not wait. Sampling draws its own noise
+   into a fixed buffer before each step and runs the exponential race, argmax(p / E) with
+   E ~ Exponential(1), which picks token i with probability p_i (torch.multinomial draws one
+   sample the same way; older PyTorch releases made it sync on CUDA, reading its check of the
+   probabilities back with .item()). A captured step then holds no random-number state.
+   Timestamps come from CUDA events, read once at the end.
 2. Static shapes ("static"). Lesson 06's KVCache returns a slice that grows each step and keeps
    its position as a Python int: a new shape and a new constant every step. StaticKVCache writes
    at a device-tensor position (index_copy_), attends over its whole buffer under a mask built
    from that position, and feeds the same position to the position embedding.
-3. Graphs ("graph", "compile", CUDA). A decode step of a small model is hundreds of tiny kernels;
-   launching them from Python costs more than running them. A CUDA graph records the step once
-   and replays it with one launch. torch.compile(mode="reduce-overhead") does the same and fuses
-   kernels too. Capture and compile time are reported apart from TPOT (`setup_s`).
+3. Graphs ("graph", "compile", CUDA). A decode step of a small model is tens of tiny kernels
+   (the course's 4-layer model: 17 matrix multiplies and some tens of other ops per step, as
+   lesson 08's profile counts); launching them from Python costs more than running them. A CUDA
+   graph records the step once and replays it with one launch, though each recorded kernel
+   still costs the GPU about 1-3 us. torch.compile(mode="reduce-overhead") does the same and
+   fuses kernels too. Capture and compile time are reported apart from TPOT (`setup_s`).
+   check_graph_ready tests, on any device, conditions a capture needs; it is a necessary check,
+   not a proof (see its docstring).
 
 GQA reads each KV head once (kernels.attention): no repeated K/V, so the bytes moved per step are
 roofline.decode_bytes. Greedy tokens equal generate()'s (tests/test_fastgen.py).
@@ -291,13 +298,18 @@ def _eager_without_host_reads(gm, example_inputs):
 
 
 def check_graph_ready(step: Callable[[], object], steps: int = 4) -> None:
-    """Raise unless `step()` is one static graph: what a CUDA graph can capture and replay, checked on any device.
+    """Raise if `step()` is not one static graph, a condition for CUDA-graph capture; checked on any device.
 
     dynamo traces the step (no compiler, about a second) with fullgraph=True, so a graph break
     raises; a read of a device value on the host (.item(), a Python branch on a tensor) raises;
     and error_on_recompile makes a shape or Python constant that changes between steps raise
     too, as a growing cache slice or a Python-int position would. Run it on a prefilled decoder:
     check_graph_ready(decoder.step). It leaves the step's effects (cache writes, tokens) in place.
+
+    Passing is necessary for capture, not a proof of it. The trace does not see memory allocated
+    outside the graph's private pool, a CPU tensor inside the step, or random-number generator
+    state that a replay would have to advance. The capture itself on a GPU, and
+    tests/test_fastgen.py comparing the graph path's tokens with eager's there, check the rest.
     """
     import torch._dynamo
     torch._dynamo.reset()

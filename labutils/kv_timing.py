@@ -41,7 +41,7 @@ def step_cost_ms(model, positions, *, device="cpu", repeats: int = 5, threads: i
     cache = KVCache(cfg, 1, max(positions), device=device, dtype=model.tok_emb.weight.dtype)
 
     def recompute(p):
-        return model(ids[:, :p], check=False)[:, -1].argmax(-1)
+        return model(ids[:, :p], check=False, last_only=True)[:, -1].argmax(-1)   # as generate(use_cache=False)
 
     def cached(p):
         cache.pos = p - 1

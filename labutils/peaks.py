@@ -131,10 +131,10 @@ def measured_peaks(device: torch.device | str | None = None, dtype: torch.dtype 
     for what, probe in (("copy", lambda: measure_bandwidth(device)),
                         (dtype_label, lambda: measure_matmul_flops(dtype, device))):
         key = _key(name, what)
-        if _fresh(entries.get(key)):
-            values[what] = entries[key]
-        elif not refresh and (name, what) in _SESSION:
+        if not refresh and (name, what) in _SESSION:    # this session's own (busy, unsaved) figure wins: one set
             values[what] = {"value": _SESSION[name, what], "measured_at": None}
+        elif _fresh(entries.get(key)):
+            values[what] = entries[key]
         else:
             value, window = _measure_best(probe)
             values[what] = {"value": value, "measured_at": time.time(), "runs": RUNS, "threads": THREADS}

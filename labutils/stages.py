@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 import torch
 
 from . import quiet, roofline, timing
+from .attention_cost import _quiet_stderr
 from .fastgen import STAGES, FastDecoder
 from .generate import GenerationResult, check_request, generate
 from .validate import check_count
@@ -166,13 +167,15 @@ def profile_ops(fn: Callable[[], object], device: torch.device | str = "cpu") ->
 
     Self times of ops never overlap, so what they leave of the wall time was spent outside every op:
     Python, dispatch, and the loop's own bookkeeping. (The profiler adds its own cost to each op, so
-    treat the split as a picture, not a measurement to the microsecond.)
+    treat the split as a picture, not a measurement to the microsecond.) `calls` counts nested calls
+    too (aten::linear and the aten::addmm inside it, views), so it is not a count of kernels; on CUDA
+    the cudaLaunchKernel rows are. The profiler backend's start/stop lines on stderr are hidden.
     """
     from torch.profiler import ProfilerActivity, profile
     device = torch.device(device)
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with torch.inference_mode(), profile(activities=activities) as prof:
+    with _quiet_stderr(), torch.inference_mode(), profile(activities=activities) as prof:
         timing.synchronize(device)
         t0 = time.perf_counter()
         fn()

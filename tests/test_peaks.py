@@ -98,3 +98,12 @@ def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("LABUTILS_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert pk.cache_dir() == tmp_path / "prefill-decode-lab"
+
+
+def test_a_busy_refresh_wins_over_an_older_file_within_the_session(probes, monkeypatch):
+    quiet_first = pk.measured_peaks("cpu")                     # saved
+    ticks = iter(range(0, 10**9, 1000))
+    monkeypatch.setattr(quiet, "_read_counters", lambda cores: ((t := next(ticks)) * 2, t * 2, 0))
+    busy = pk.measured_peaks("cpu", refresh=True)              # not saved
+    monkeypatch.setattr(quiet, "_read_counters", lambda cores: (0, 0, 0))
+    assert busy != quiet_first and pk.measured_peaks("cpu") == busy, "one set of peaks within a session"
