@@ -220,6 +220,7 @@ def test_explorer_refuses_a_preset_not_offered():
 
 def test_a_measurement_on_a_busy_machine_says_so_in_the_status(monkeypatch):
     from test_quiet import fake_counters
+    fake_counters(monkeypatch, others_per_reading=0)            # a quiet machine first, whatever runs beside us
     ex = explorer_mod.Explorer("cpu", measure_fn=Counting(), **TINY)
     assert "busy machine" not in ex.status.value
     fake_counters(monkeypatch, others_per_reading=150)          # others hold 1.5 of 2 cores from now on
