@@ -101,7 +101,7 @@ def utilization_data(row: dict) -> dict:
     gbs, peak_gbs = row["achieved_Bps"] / 1e9, row["peak_bandwidth_Bps"] / 1e9
     decode_flops = row["mfu_decode"] * row["peak_flops"]
     return dict(
-        labels=["decode: MBU", "prefill: MFU", "decode: MFU"],
+        labels=["decode: copy bandwidth", "prefill: matmul peak", "decode: matmul peak"],
         percent=[100 * row["mbu"], 100 * row["mfu_prefill"], 100 * row["mfu_decode"]],
         text=[f"{gbs:.1f} of {peak_gbs:.1f} GB/s", f"{row['achieved_flops'] / 1e9:.0f} of "
               f"{row['peak_flops'] / 1e9:.0f} GFLOP/s", f"{decode_flops / 1e9:.1f} of "
@@ -109,7 +109,8 @@ def utilization_data(row: dict) -> dict:
 
 
 def utilization_figure(row: dict | None = None) -> go.Figure:
-    """Trace 0: bars of MBU (decode) and MFU (prefill, decode) in percent of this machine's measured peaks."""
+    """Trace 0: bars of decode's share of measured copy bandwidth and prefill's and decode's share of the measured
+    matmul peak, in percent (the measured-peak cousins of MBU and MFU, which divide by datasheet peaks)."""
     fig = go.Figure([go.Bar(x=[], y=[], text=[], textposition="outside",
                             marker_color=[DECODE_COLOR, PREFILL_COLOR, DECODE_COLOR])])
     fig.update_layout(height=300, yaxis_title="% of measured peak", margin=dict(l=10, r=10, t=60, b=40),

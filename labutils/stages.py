@@ -145,6 +145,18 @@ def op_group(name: str) -> str:
     return "other ops"
 
 
+def is_view_op(name: str) -> bool:
+    """Whether a profiled aten op ("aten::view") only returns a view of its input: no arithmetic, no kernel.
+
+    Read from the op's schema: every overload on tensors returns an alias of an input and writes none
+    (aten::slice also has overloads on Python lists and strings, which are left out).
+    """
+    packet = getattr(torch.ops.aten, name.removeprefix("aten::"), None) if name.startswith("aten::") else None
+    overloads = [getattr(packet, o) for o in packet.overloads()] if packet is not None else []
+    on_tensors = [o for o in overloads if any(isinstance(a.type, torch.TensorType) for a in o._schema.arguments)]
+    return bool(on_tensors) and all(o.is_view for o in on_tensors)
+
+
 @dataclass
 class OpProfile:
     """Host time of a profiled call: wall seconds, seconds per op (self time, children excluded) and per group."""
@@ -153,6 +165,12 @@ class OpProfile:
     ops: list[tuple[str, float, int]]        # (name, self seconds, calls), the most expensive first
     groups: dict[str, float] = field(default_factory=dict)   # GROUPS -> seconds; they add up to wall_s
     device_busy_s: float | None = None       # on CUDA: seconds the GPU spent in kernels and copies
+    calls: dict[str, int] = field(default_factory=dict)   # aten ops the code called itself, nested calls left out
+
+    @property
+    def views(self) -> int:
+        """How many of `calls` only returned a view (is_view_op): ops that do no work and launch no kernel."""
+        return sum(n for name, n in self.calls.items() if is_view_op(name))
 
     def table(self, rows: int = 8) -> str:
         """The top ops as a short text table: name, share of wall time, milliseconds, calls."""
@@ -169,7 +187,9 @@ def profile_ops(fn: Callable[[], object], device: torch.device | str = "cpu") ->
     Python, dispatch, and the loop's own bookkeeping. (The profiler adds its own cost to each op, so
     treat the split as a picture, not a measurement to the microsecond.) `calls` counts nested calls
     too (aten::linear and the aten::addmm inside it, views), so it is not a count of kernels; on CUDA
-    the cudaLaunchKernel rows are. The profiler backend's start/stop lines on stderr are hidden.
+    the cudaLaunchKernel rows are. `calls` counts only the aten ops that no other aten op called: the ops
+    the code dispatched itself, views included, as a TorchDispatchMode counts them (lesson 09).
+    The profiler backend's start/stop lines on stderr are hidden.
     """
     from torch.profiler import ProfilerActivity, profile
     device = torch.device(device)
@@ -187,11 +207,18 @@ def profile_ops(fn: Callable[[], object], device: torch.device | str = "cpu") ->
     for name, s, _ in ops:
         groups[op_group(name)] += s
     groups["between ops"] = max(0.0, wall - sum(s for _, s, _ in ops))
+    calls: dict[str, int] = {}
+    for e in prof.events():
+        parent = e.cpu_parent
+        while parent is not None and not parent.name.startswith("aten::"):
+            parent = parent.cpu_parent
+        if e.name.startswith("aten::") and parent is None:
+            calls[e.name] = calls.get(e.name, 0) + 1
     busy = None
     if cuda:   # kernels and copies as the GPU ran them: what is left of the wall time, the GPU waited
         busy = sum(e.self_device_time_total for e in prof.key_averages()
                    if e.device_type == torch.autograd.DeviceType.CUDA) / 1e6
-    return OpProfile(wall, ops, groups, busy)
+    return OpProfile(wall, ops, groups, busy, calls)
 
 
 def profile_figure(prof: OpProfile, title: str = "Where the time of a few decode steps goes") -> go.Figure:

@@ -140,6 +140,38 @@ def test_profile_splits_wall_time_into_ops_and_the_time_between_them():
     assert len(lines) == 4 and lines[0].split()[0] == "op"
     fig = stages.profile_figure(prof)
     assert "between ops" in list(fig.data[0].y)
+    # calls: only the ops the code called itself; the addmm inside each linear is nested, so it is left out
+    assert "aten::addmm" not in prof.calls
+    assert prof.calls["aten::linear"] == 4 * (4 * model.config.n_layer + 1)   # ... plus the output layer
+    assert 0 < prof.views < sum(prof.calls.values()) < sum(c for _, _, c in prof.ops)
+
+
+@pytest.mark.parametrize("name,view", [
+    ("aten::view", True), ("aten::transpose", True), ("aten::slice", True), ("aten::select", True),
+    ("aten::t", True), ("aten::split_with_sizes", True), ("aten::linear", False), ("aten::copy_", False),
+    ("aten::add", False), ("cudaLaunchKernel", False), ("aten::no_such_op", False),
+])
+def test_view_ops_are_read_from_the_schema(name, view):
+    assert stages.is_view_op(name) is view
+
+
+def test_profile_calls_count_what_a_dispatch_mode_counts():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountOps(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n, self.views = 0, 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n, self.views = self.n + 1, self.views + func.is_view
+            return func(*args, **(kwargs or {}))
+
+    model, ids = fp32_model(3), prompt(1, 6, 3)
+    with torch.inference_mode(), CountOps() as counted:
+        model(ids, check=False, last_only=True)
+    prof = profile_ops(lambda: model(ids, check=False, last_only=True))
+    assert (sum(prof.calls.values()), prof.views) == (counted.n, counted.views)
 
 
 # --- on a GPU (make gpu-check) ------------------------------------------------------------------------------
