@@ -20,16 +20,16 @@ def test_text_grows_with_each_token_and_split_characters_wait():
     text = "Return the \u6771 value"          # a 4k vocabulary splits this character into byte tokens
     ids = enc.encode(text)
     view = decode_stream(enc, "Prompt: ")
-    assert view.area.value == "Prompt: " and "waiting" in view.status.value
+    assert view.shown == "Prompt: " and "waiting" in view.status.value
     seen = []
     for tid in ids:
         view.on_token(torch.tensor([tid]))
-        seen.append(view.area.value)
-    assert view.text == view.area.value == "Prompt: " + text
+        seen.append(view.shown)
+    assert view.text == view.shown == "Prompt: " + text
     assert view.ids == ids and "\ufffd" not in "".join(seen)     # never a half character on screen
     cut = DecodeStream(enc)
     feed(cut, ids[:-3])                     # stopped inside the character: the text says so, as decode does
-    assert cut.text == enc.decode(ids[:-3]) and cut.area.value == cut.text.rstrip("\ufffd")
+    assert cut.text == enc.decode(ids[:-3]) and cut.shown == cut.text.rstrip("\ufffd")
     assert all(b.startswith(a) for a, b in zip(seen, seen[1:]))   # it only grows
     assert f"{len(ids)} tokens" in view.status.value and "tokens/s" in view.status.value
 
@@ -59,3 +59,10 @@ def test_bad_input():
     enc = get_encoding("course")
     with pytest.raises(ValueError, match=r"99999.*course has ids 0\.\.4095"):
         DecodeStream(enc).on_token(torch.tensor([99999]))
+
+
+def test_the_box_keeps_the_newest_text_in_view_in_normal_colour():
+    from labutils.widgets.decode_stream import box_html
+    page = box_html("a < b & c\n" * 50)
+    assert "flex-direction:column-reverse" in page and "overflow-y:auto" in page     # anchored at its end
+    assert "a &lt; b &amp; c" in page and "disabled" not in page and "color:inherit" in page

@@ -163,30 +163,38 @@ def test_explorer_measures_redraws_and_reuses_cached_settings():
     counting = Counting()
     ex = explorer_mod.Explorer("cpu", measure_fn=counting, **TINY)
     assert counting.calls == 1
-    assert len(ex.fig_timeline.data[2].x) == 8
+    assert len(ex.fig_timeline.figure.data[2].x) == 8
     ex.new_tokens.value = 12
-    assert counting.calls == 2 and len(ex.fig_timeline.data[2].x) == 12
-    assert list(ex.fig_sweep.data[0].x) == [32]          # the new_tokens=12 curve has one point so far
+    assert counting.calls == 2 and len(ex.fig_timeline.figure.data[2].x) == 12
+    assert list(ex.fig_sweep.figure.data[0].x) == [32]          # the new_tokens=12 curve has one point so far
     ex.prompt_len.value = 64
-    assert counting.calls == 3 and list(ex.fig_sweep.data[0].x) == [32, 64]
+    assert counting.calls == 3 and list(ex.fig_sweep.figure.data[0].x) == [32, 64]
     ex.new_tokens.value = 8
-    assert counting.calls == 4 and list(ex.fig_sweep.data[0].x) == [32, 64]
+    assert counting.calls == 4 and list(ex.fig_sweep.figure.data[0].x) == [32, 64]
     ex.prompt_len.value = 32                             # measured before: redrawn from the cache
-    assert counting.calls == 4 and len(ex.fig_timeline.data[2].x) == 8
+    assert counting.calls == 4 and len(ex.fig_timeline.figure.data[2].x) == 8
     assert "TTFT" in ex.status.value and ex.progress.bar_style == "success"
     assert "GB free on cpu" in ex.notes.value and "7B+ shapes: GPU only" in ex.notes.value
     ex.again.click()                                     # "measure again": a fresh row replaces the cached one
-    assert counting.calls == 5 and list(ex.fig_sweep.data[0].x) == [32, 64]
-    assert ex.fig_util.data[0].y[0] > 0
+    assert counting.calls == 5 and list(ex.fig_sweep.figure.data[0].x) == [32, 64]
+    assert ex.fig_util.figure.data[0].y[0] > 0
 
 
-def test_impossible_setting_shows_a_message_and_keeps_the_last_plot():
+def test_impossible_setting_shows_a_message_and_keeps_the_last_plot(monkeypatch):
     ex = explorer(device="cpu", **TINY)
-    before = list(ex.fig_timeline.data[2].x)
-    ex.prompt_len.value = 256                            # 256 + 8 > tiny's context of 256
-    assert "context length 256" in ex.status.value and "shorten" in ex.status.value
-    assert list(ex.fig_timeline.data[2].x) == before
-    ex.prompt_len.value = 48                             # a good setting works again
+    before = list(ex.fig_timeline.figure.data[2].x)
+    ex.prompt_len.value = 256                            # 256 + 8 > tiny's context: the sliders clamp instead
+    assert ex.prompt_len.value + ex.new_tokens.value <= 256 and "TTFT" in ex.status.value
+    real = measure.check_request
+
+    def too_big(**s):
+        raise ValueError("tiny in fp32 needs about 99.0 GB, but only 1.0 GB is free on cpu; choose a smaller preset")
+    monkeypatch.setattr(measure, "check_request", too_big)
+    before = list(ex.fig_timeline.figure.data[2].x)
+    ex.batch.value = 32
+    assert "needs about 99.0 GB" in ex.status.value and list(ex.fig_timeline.figure.data[2].x) == before
+    monkeypatch.setattr(measure, "check_request", real)
+    ex.batch.value = 2                                   # a good setting works again
     assert "TTFT" in ex.status.value
 
 
@@ -197,19 +205,19 @@ def test_a_failing_measurement_does_not_take_the_widget_down():
         return measure.measure_request(**settings)
 
     ex = explorer_mod.Explorer("cpu", measure_fn=out_of_memory, **TINY)
-    before = list(ex.fig_timeline.data[2].x)
+    before = list(ex.fig_timeline.figure.data[2].x)
     ex.batch.value = 4
     assert "ran out of memory" in ex.status.value and ex.progress.bar_style == "danger"
-    assert list(ex.fig_timeline.data[2].x) == before
+    assert list(ex.fig_timeline.figure.data[2].x) == before
 
 
 def test_changing_preset_adapts_the_prompt_slider(monkeypatch):
     ex = explorer(device="cpu", **TINY)
-    assert ex.prompt_len.max == 256
+    assert ex.prompt_len.max == 256 - ex.new_tokens.min      # room for the fewest output tokens
     monkeypatch.setattr(ex, "_measure", lambda **s: pytest.fail("must not measure gpt2-small here"))
     monkeypatch.setattr(measure, "check_request", lambda **s: (_ for _ in ()).throw(ValueError("too big")))
     ex.preset.value = "gpt2-small"
-    assert ex.prompt_len.max == 1024 and "too big" in ex.status.value
+    assert ex.prompt_len.max == 1024 - ex.new_tokens.min and "too big" in ex.status.value
 
 
 def test_explorer_refuses_a_preset_not_offered():
@@ -226,3 +234,55 @@ def test_a_measurement_on_a_busy_machine_says_so_in_the_status(monkeypatch):
     fake_counters(monkeypatch, others_per_reading=150)          # others hold 1.5 of 2 cores from now on
     ex.new_tokens.value = 12
     assert "busy machine" in ex.status.value and "close other notebooks" in ex.status.value
+
+
+def test_a_share_above_the_peak_is_never_drawn_above_100_percent(monkeypatch):
+    """The bf16-on-CPU case: 501% of a wrong peak. The peaks are measured once more, then the bar stops at 100%."""
+    refreshed = []
+    monkeypatch.setattr(explorer_mod, "measured_peaks",
+                        lambda device=None, dtype=None, refresh=False: refreshed.append(refresh) or FAKE_PEAKS)
+    wrong = lambda **s: dict(measure.measure_request(**s), mfu_prefill=5.016, mfu_decode=0.1)   # noqa: E731
+    ex = explorer_mod.Explorer("cpu", measure_fn=wrong, dtype="bf16", **TINY)
+    assert refreshed.count(True) == 1, "a share above 100% re-probes the peaks once"
+    bars = list(ex.fig_util.figure.data[0].y)
+    assert max(bars) <= 100 and bars[1] == 100
+    assert "(502%: the peak looks wrong)" in ex.fig_util.figure.data[0].text[1]
+    assert "peak looks wrong" in ex.status.value and "prefill matmul peak" in ex.status.value
+
+
+def test_the_real_bf16_explorer_on_cpu_never_shows_a_bar_above_100_percent(monkeypatch):
+    monkeypatch.undo()                            # real peaks for bf16 on this CPU, measured and shared
+    ex = explorer_mod.Explorer("cpu", dtype="bf16", **TINY)
+    assert "TTFT" in ex.status.value
+    assert max(ex.fig_util.figure.data[0].y) <= 100
+
+
+def test_switching_to_a_shorter_shape_clamps_prompt_and_output_together(monkeypatch):
+    ex = explorer_mod.Explorer("cpu", preset="gpt2-small", prompt_len=392, new_tokens=64,
+                               measure_fn=lambda **s: Counting()(**dict(s, preset="tiny", prompt_len=32,
+                                                                         new_tokens=8)))
+    ex.preset.value = "tiny"                      # context 256
+    assert ex.prompt_len.value + ex.new_tokens.value <= 256 and ex.prompt_len.max <= 254
+    assert "Could not" not in ex.status.value, ex.status.value
+    assert ex.new_tokens.max == 256 - ex.prompt_len.value or ex.new_tokens.max == 256
+
+
+def test_a_burst_of_changes_is_measured_once_with_the_last_settings():
+    import asyncio
+    from labutils.widgets.debounce import Latest
+    seen = []
+    calls = {"n": 0}
+
+    async def learner_presses_three_times():
+        latest = Latest(lambda: seen.append(calls["n"]), delay_s=0.05)
+        for n in (2, 4, 8):
+            calls["n"] = n
+            latest()
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        return latest.runs
+
+    assert asyncio.run(learner_presses_three_times()) == 1 and seen == [8]
+    runs = []
+    Latest(lambda: runs.append(1))()              # no event loop: runs at once
+    assert runs == [1]

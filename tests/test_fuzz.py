@@ -453,7 +453,7 @@ def test_kv_calculator_widget(actions):
         k.preset.value, k.dtype.value, k.context.value = "tiny", "fp16", 100   # the next valid value recovers
         return k
     outcome("widgets.KVCalculator", run, [], lambda k: "Not possible" not in k.summary.value
-            and list(k.fig.data[3].x) == [100] or pytest.fail(k.summary.value))
+            and list(k.fig.figure.data[3].x) == [100] or pytest.fail(k.summary.value))
 
 
 @st.composite

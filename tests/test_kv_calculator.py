@@ -75,50 +75,50 @@ def legend_problems(fig) -> list[str]:
                                                    ("mistral-7b", 8192, 1), ("mistral-7b", 8192, 30)])
 def test_every_trace_in_the_legend_has_a_name(preset, context, batch):
     k = kv_calculator(preset, context, batch)
-    assert legend_problems(k.fig) == []
-    for t in k.fig.data:          # an empty trace is hidden from the legend, a drawn one is shown
+    assert legend_problems(k.fig.figure) == []
+    for t in k.fig.figure.data:          # an empty trace is hidden from the legend, a drawn one is shown
         assert (t.showlegend is not False) == (len(t.x or ()) > 0), t.name
     k.preset.value = "gpt2-small"                     # context 8,192 or 4,096 > 1,024: the marker goes
-    assert legend_problems(k.fig) == [] and k.fig.data[3].showlegend is False
+    assert legend_problems(k.fig.figure) == [] and k.fig.figure.data[3].showlegend is False
 
 
 def test_legend_check_catches_an_unnamed_trace():
     k = kv_calculator()
-    k.fig.add_scatter(x=[1], y=[1])
-    assert legend_problems(k.fig) == ["trace 5"]
+    k.fig.figure.add_scatter(x=[1], y=[1])
+    assert legend_problems(k.fig.figure) == ["trace 5"]
 
 
 def test_sliding_window_line_in_the_widget():
     k = kv_calculator("mistral-7b", context=8192)
-    assert list(k.fig.data[4].x) == [4096, 4096] and "4,096" in k.fig.data[4].name
-    assert list(k.fig.data[2].x) == [] and "below the weights" in k.fig.layout.title.text
+    assert list(k.fig.figure.data[4].x) == [4096, 4096] and "4,096" in k.fig.figure.data[4].name
+    assert list(k.fig.figure.data[2].x) == [] and "below the weights" in k.fig.figure.layout.title.text
     k.batch.value = 30                                # 30 windows of 0.54 GB pass the 14.48 GB of weights
-    assert list(k.fig.data[2].x) == [kv_summary("mistral-7b", 8192, 30)["crossover_tokens"]]
+    assert list(k.fig.figure.data[2].x) == [kv_summary("mistral-7b", 8192, 30)["crossover_tokens"]]
     k.preset.value = "llama-3-8b"                     # full attention: no window line
-    assert list(k.fig.data[4].x) == [] and k.fig.data[4].showlegend is False
+    assert list(k.fig.figure.data[4].x) == [] and k.fig.figure.data[4].showlegend is False
 
 
 def test_widget_follows_its_controls():
     k = kv_calculator()
     assert isinstance(k, KVCalculator)
-    y16 = list(k.fig.data[0].y)
+    y16 = list(k.fig.figure.data[0].y)
     assert "llama-2-7b" in k.summary.value and "2.15 GB" in k.summary.value
-    assert k.fig.data[1].y[0] == pytest.approx(weight_bytes("llama-2-7b") / GB)
-    assert list(k.fig.data[2].x) == []                      # crossover beyond 4,096 tokens at batch 1
-    assert list(k.fig.data[3].x) == [4096]
+    assert k.fig.figure.data[1].y[0] == pytest.approx(weight_bytes("llama-2-7b") / GB)
+    assert list(k.fig.figure.data[2].x) == []                      # crossover beyond 4,096 tokens at batch 1
+    assert list(k.fig.figure.data[3].x) == [4096]
 
     k.dtype.value = "fp8"
-    assert list(k.fig.data[0].y) == pytest.approx([y / 2 for y in y16])
+    assert list(k.fig.figure.data[0].y) == pytest.approx([y / 2 for y in y16])
     assert "1.07 GB of KV cache" in k.summary.value and "in fp8" in k.summary.value
 
     k.batch.value = 8                                       # fp8, batch 8: crossover at 6,427 tokens, off the plot
     k.dtype.value = "fp16"
-    assert list(k.fig.data[0].y) == pytest.approx([8 * y for y in y16])
-    assert list(k.fig.data[2].x) == [3214]                  # now the crossover lies inside the context
-    assert "3,214" in k.fig.layout.title.text and "17.18 GB" in k.summary.value
+    assert list(k.fig.figure.data[0].y) == pytest.approx([8 * y for y in y16])
+    assert list(k.fig.figure.data[2].x) == [3214]                  # now the crossover lies inside the context
+    assert "3,214" in k.fig.figure.layout.title.text and "17.18 GB" in k.summary.value
 
     k.preset.value = "llama-3-8b"                           # GQA: 4x fewer bytes per token
-    assert k.fig.data[0].x[-1] == 8192
+    assert k.fig.figure.data[0].x[-1] == 8192
     assert "131,072 bytes" in k.summary.value
 
 
@@ -126,8 +126,8 @@ def test_impossible_widget_setting_shows_a_message_not_an_exception():
     k = kv_calculator("llama-3-8b", context=8192)
     k.preset.value = "gpt2-small"                            # context 8,192 > gpt2's 1,024
     assert "Not possible" in k.summary.value and "1,024" in k.summary.value
-    assert list(k.fig.data[3].x) == []                      # no chosen-context marker
-    assert k.fig.data[0].x[-1] == 1024                      # the curves still show gpt2-small
+    assert list(k.fig.figure.data[3].x) == []                      # no chosen-context marker
+    assert k.fig.figure.data[0].x[-1] == 1024                      # the curves still show gpt2-small
     k.context.value = 1000
     assert "Not possible" not in k.summary.value and "gpt2-small" in k.summary.value
-    assert list(k.fig.data[3].x) == [1000]
+    assert list(k.fig.figure.data[3].x) == [1000]

@@ -114,9 +114,9 @@ def test_batch_slider_measures_each_batch_once_and_survives_errors():
     view.slider.value = 8
     view.slider.value = 1
     assert calls == [1, 8] and "tokens/s" in view.status.value
-    assert list(view.fig_batch.data[1].x) == [1, 8]
+    assert list(view.fig_batch.figure.data[1].x) == [1, 8]
     view.slider.value = 16                                         # the measurement fails
     assert "Could not measure batch 16" in view.status.value and "ran out of memory" in view.status.value
-    assert list(view.fig_batch.data[1].x) == [1, 8]                # the last good points stay
+    assert list(view.fig_batch.figure.data[1].x) == [1, 8]                # the last good points stay
     view.slider.value = 32                                         # and the next good value recovers
-    assert list(view.fig_batch.data[1].x) == [1, 8, 32] and "batch <b>32</b>" in view.status.value
+    assert list(view.fig_batch.figure.data[1].x) == [1, 8, 32] and "batch <b>32</b>" in view.status.value

@@ -251,12 +251,12 @@ def test_get_model_refuses_a_storage_dtype_by_name():
 
 def test_kv_calculator_survives_none_and_recovers():
     k = KVCalculator("llama-2-7b", 4096)
-    curve = list(k.fig.data[0].y)
+    curve = list(k.fig.figure.data[0].y)
     for control in (k.dtype, k.preset):
         good = control.value
         control.value = None                            # no exception out of the observer
         assert "Not possible" in k.summary.value and "NoneType None" in k.summary.value
-        assert list(k.fig.data[0].y) == curve           # the last good plot stays
+        assert list(k.fig.figure.data[0].y) == curve           # the last good plot stays
         k.batch.value = 2                               # a later change does not raise either
         assert "Not possible" in k.summary.value
         control.value = good                            # the next valid value recovers
@@ -282,21 +282,21 @@ def fake_explorer(monkeypatch):
 
 def test_explorer_survives_none_controls_and_recovers(fake_explorer):
     ex, _ = fake_explorer
-    before = list(ex.fig_timeline.data[2].x)
+    before = list(ex.fig_timeline.figure.data[2].x)
     for control, good in ((ex.preset, "tiny"), (ex.device, "cpu")):
         control.value = None
         assert "Could not measure" in ex.status.value
-        assert list(ex.fig_timeline.data[2].x) == before
+        assert list(ex.fig_timeline.figure.data[2].x) == before
         control.value = good
         assert "TTFT" in ex.status.value
 
 
 def test_explorer_refuses_a_row_missing_a_key_and_keeps_its_plots(fake_explorer):
     ex, rows = fake_explorer
-    before = list(ex.fig_timeline.data[2].x)
+    before = list(ex.fig_timeline.figure.data[2].x)
     rows["row"] = {k: v for k, v in ROW.items() if k != "mbu"}
     ex.new_tokens.value = 6
-    assert "lacks [&#x27;mbu&#x27;]" in ex.status.value and list(ex.fig_timeline.data[2].x) == before
+    assert "lacks [&#x27;mbu&#x27;]" in ex.status.value and list(ex.fig_timeline.figure.data[2].x) == before
     rows["row"] = ROW
     ex.new_tokens.value = 8
     assert "TTFT" in ex.status.value

@@ -369,3 +369,19 @@ def test_gpu_engine_gives_the_solo_tokens():
     results = engine.run()
     assert engine.cache.k.device.type == "cuda" and max_batch_seen(engine) == 4
     assert [r.tokens for r in results] == [solo(m, p, 30) for p in prompts]
+
+
+def test_gantt_bars_split_each_stay_into_prefill_and_decode():
+    from labutils.serving.figures import gantt_bars, gantt_figure
+    from labutils.serving.workload import RequestResult
+    # Arrives at 0.1, joins at 0.3, first token at 0.5, preempted at 0.9, rejoins at 1.2, tokens to 1.6.
+    r = RequestResult(id=7, arrival_s=0.1, tokens=[1, 2, 3, 4], timestamps=[0.5, 0.7, 1.4, 1.6],
+                      finish_reason="length", spans=[(0.3, 0.9), (1.2, 1.6)])
+    assert gantt_bars(r) == [("queued", 0.1, 0.3), ("prefill", 0.3, 0.5), ("decode", 0.5, 0.9),
+                             ("queued", 0.9, 1.2), ("prefill", 1.2, 1.4), ("decode", 1.4, 1.6)]
+    # A stay with no token (preempted during its prefill) is all prefill, and a zero-length wait draws nothing.
+    r2 = RequestResult(id=8, arrival_s=0.0, tokens=[], timestamps=[], finish_reason="failed", spans=[(0.0, 0.4)])
+    assert gantt_bars(r2) == [("prefill", 0.0, 0.4)]
+    fig = gantt_figure([r, r2])
+    assert [t.name for t in fig.data] == ["queued", "prefill", "decode"]
+    assert list(fig.data[1].base) == [0.3, 1.2, 0.0] and list(fig.data[1].y) == ["#7", "#7", "#8"]

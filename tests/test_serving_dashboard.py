@@ -33,8 +33,8 @@ def test_a_run_serves_the_controls_workload_and_shows_the_meters(model):
     for text in ("TTFT p50 / p99", "TPOT p50 / p99", "output tokens/s", "hit rate", "6 of 6 completed"):
         assert text in dash.meters.value
     assert "6 requests" in dash.status.value and "Could not" not in dash.status.value
-    bars = {t.name: t for t in dash.fig.data}
-    assert set(bars) == {"waiting", "in the batch"} and len(bars["in the batch"].x) == 6
+    bars = {t.name: t for t in dash.fig.figure.data}
+    assert set(bars) == {"queued", "prefill", "decode"} and len(bars["prefill"].x) >= 6
 
     dash.caching.value = False
     off = dash.run()

@@ -1,23 +1,40 @@
-"""Plotly figures of serving runs: a Gantt of requests in the batch, and throughput against batch size."""
+"""Plotly figures of serving runs: a Gantt of each request's queueing, prefill and decode, and throughput against batch."""
 from __future__ import annotations
 
 import plotly.graph_objects as go
 
-WAIT, RUN = "#c7c7c7", "#1f77b4"
+QUEUED, PREFILL, DECODE = "#c7c7c7", "#ff7f0e", "#1f77b4"
+PHASES = (("queued", QUEUED), ("prefill", PREFILL), ("decode", DECODE))
+
+
+def gantt_bars(result) -> list[tuple[str, float, float]]:
+    """(phase, start, end) bars of one request: queued until it joins the batch (and again while preempted),
+    then in each stay in the batch, prefill until its first token of that stay, decode after it.
+
+    A stay that produced no token (preempted during its prefill) is all prefill.
+    """
+    bars, waited_from = [], result.arrival_s
+    for start, end in result.spans:
+        bars.append(("queued", waited_from, start))
+        first = next((t for t in result.timestamps if start < t <= end), end)
+        bars += [("prefill", start, first), ("decode", first, end)]
+        waited_from = end
+    return [(phase, a, b) for phase, a, b in bars if b > a]
 
 
 def gantt_figure(results, title: str = "Requests over time") -> go.Figure:
-    """One row per request: grey from arrival until it first joins the batch, blue while it is in the batch.
+    """One row per request: grey while queued, orange during its prefill, blue while it decodes (gantt_bars).
 
-    A preempted request shows more than one blue span. Rejected requests have no row.
+    A preempted request shows a second queued stretch and a second prefill (its recompute). Rejected requests
+    have no row.
     """
     fig = go.Figure()
     rows = [r for r in results if r.spans]
-    waits = [(r.id, r.arrival_s, r.spans[0][0]) for r in rows]
-    spans = [(r.id, a, b) for r in rows for a, b in r.spans]
-    for name, color, bars in (("waiting", WAIT, waits), ("in the batch", RUN, spans)):
-        fig.add_bar(y=[f"#{i}" for i, _, _ in bars], x=[max(b - a, 0.0) for _, a, b in bars],
-                    base=[a for _, a, _ in bars], orientation="h", marker_color=color, name=name,
+    bars = [(r.id, *bar) for r in rows for bar in gantt_bars(r)]
+    for name, color in PHASES:
+        mine = [(i, a, b) for i, phase, a, b in bars if phase == name]
+        fig.add_bar(y=[f"#{i}" for i, _, _ in mine], x=[b - a for _, a, b in mine],
+                    base=[a for _, a, _ in mine], orientation="h", marker_color=color, name=name,
                     hovertemplate="%{y}: %{base:.3f} s + %{x:.3f} s<extra>" + name + "</extra>")
     fig.update_layout(barmode="overlay", title=title, xaxis_title="seconds since the workload started",
                       yaxis=dict(autorange="reversed", title="request", showticklabels=len(rows) <= 40),
@@ -45,4 +62,4 @@ def batch_figure(rows, predicted=None, title: str = "Decode throughput against b
     return fig
 
 
-__all__ = ["batch_figure", "gantt_figure"]
+__all__ = ["batch_figure", "gantt_bars", "gantt_figure"]

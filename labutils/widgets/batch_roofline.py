@@ -4,7 +4,6 @@ from __future__ import annotations
 import html
 
 import ipywidgets as w
-import plotly.graph_objects as go
 
 from .. import measure
 from .. import roofline_figures as figs
@@ -13,6 +12,7 @@ from ..hardware import pick_device
 from ..peaks import measured_peaks
 from ..model import GPTConfig
 from ..validate import check_row
+from .plot import Plot
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 # What the plots and the status line read from a measure.roofline_point row.
@@ -20,7 +20,7 @@ ROW_NUMBERS = ("n", "seconds", "intensity", "achieved_flops", "achieved_Bps", "t
 
 
 class BatchRoofline(w.VBox):
-    """A batch slider, a status line and two FigureWidgets (the roofline and tokens/s against batch).
+    """A batch slider, a status line and two Plots (the roofline and tokens/s against batch).
 
     A thin view over measure.roofline_point and labutils.roofline_figures. Each batch is measured once
     and cached; errors go to the status line and the last good plots stay.
@@ -38,11 +38,11 @@ class BatchRoofline(w.VBox):
         self.slider = w.SelectionSlider(options=list(BATCHES), value=1, description="batch",
                                         continuous_update=False, layout=w.Layout(width="420px"))
         self.status = w.HTML()
-        self.fig_roof = go.FigureWidget(figs.roofline_figure(self.peaks, list(self.points.values())))
-        self.fig_batch = go.FigureWidget(figs.batch_figure(self.cfg, BATCHES, pos, self.dtype, self.peaks,
-                                                           list(self.points.values())))
-        for fig in (self.fig_roof, self.fig_batch):
-            fig.layout.width = 880
+        self.fig_roof = Plot(figs.roofline_figure(self.peaks, list(self.points.values())))
+        self.fig_batch = Plot(figs.batch_figure(self.cfg, BATCHES, pos, self.dtype, self.peaks,
+                                                list(self.points.values())))
+        for plot in (self.fig_roof, self.fig_batch):
+            plot.figure.layout.width = 880
         self.slider.observe(lambda change: self.show(change["new"]), names="value")
         super().__init__([self.slider, self.status, self.fig_roof, self.fig_batch])
         self.show(self.slider.value)
@@ -56,8 +56,10 @@ class BatchRoofline(w.VBox):
                 self.points[("decode", batch)] = check_row("the measurement", row, ROW_NUMBERS, ("phase",))
             row = self.points[("decode", batch)]
             rows = list(self.points.values())
-            figs.update_points(self.fig_roof, rows, row)
-            figs.update_batch(self.fig_batch, rows)
+            figs.update_points(self.fig_roof.figure, rows, row)
+            figs.update_batch(self.fig_batch.figure, rows)
+            self.fig_roof.redraw()
+            self.fig_batch.redraw()
             side = "below" if row["intensity"] < self.peaks.ridge else "above"
             self.status.value = (f"batch <b>{batch}</b>: step {row['seconds'] * 1e3:.1f} ms, "
                                  f"<b>{row['tokens_per_s']:.0f} tokens/s</b>, {row['achieved_Bps'] / 1e9:.1f} GB/s, "

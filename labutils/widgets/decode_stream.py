@@ -12,8 +12,21 @@ from ..detokenize import StreamDecoder
 from ..validate import check_count, describe
 
 
+# A box of fixed height whose content is laid out bottom-up (flex column-reverse): the browser keeps such a box
+# scrolled to its end, so the newest text stays in view as it grows, with no script. A disabled Textarea, the
+# obvious choice, greys its text out and stays scrolled to the top, so after a few lines the stream looks frozen.
+BOX = ("height:10em;overflow-y:auto;display:flex;flex-direction:column-reverse;border:1px solid #ccc;"
+       "padding:4px 6px;font-family:monospace;color:inherit")
+
+
+def box_html(text: str) -> str:
+    """The stream's text, escaped, in the bottom-anchored box."""
+    return (f'<div class="decode-stream" style="{BOX}"><div style="white-space:pre-wrap;overflow-wrap:anywhere">'
+            f'{html.escape(text)}</div></div>')
+
+
 class DecodeStream(w.VBox):
-    """A read-only text box and a status line; pass `on_token` to fast_generate or FastDecoder.generate.
+    """A text box that keeps its newest line in view, and a status line; pass `on_token` to fast_generate.
 
     Tokens arrive as ids; a character can span several byte-level tokens, so they go through lesson
     01's StreamDecoder, which holds back an unfinished character instead of printing garbage.
@@ -23,7 +36,7 @@ class DecodeStream(w.VBox):
         if not isinstance(enc, tiktoken.Encoding):
             raise TypeError(f"enc must be a tiktoken.Encoding (labutils.tokenizer.get_encoding), got {type(enc).__name__}")
         self.enc, self.row = enc, check_count("row", row, 0)
-        self.area = w.Textarea(disabled=True, layout=w.Layout(width="100%", height="10em"))
+        self.area = w.HTML(layout=w.Layout(width="100%"))
         self.status = w.HTML()
         super().__init__([self.area, self.status])
         self.reset(prompt)
@@ -35,7 +48,12 @@ class DecodeStream(w.VBox):
         self.prompt, self.ids, self.generated = prompt, [], ""
         self._stream = StreamDecoder(self.enc)
         self._t0: float | None = None
-        self.area.value, self.status.value = prompt, "waiting for the first token"
+        self._show(prompt)
+        self.status.value = "waiting for the first token"
+
+    def _show(self, text: str) -> None:
+        self.shown = text                     # what the box holds, as plain text
+        self.area.value = box_html(text)
 
     @property
     def text(self) -> str:
@@ -54,7 +72,7 @@ class DecodeStream(w.VBox):
         self._t0 = now if self._t0 is None else self._t0
         self.ids.append(tid)
         self.generated += piece
-        self.area.value = self.prompt + self.generated
+        self._show(self.prompt + self.generated)
         n = len(self.ids)
         pace = f", {(n - 1) / (now - self._t0):,.0f} tokens/s since the first" if n > 1 and now > self._t0 else ""
         self.status.value = html.escape(f"{n} tokens{pace}")

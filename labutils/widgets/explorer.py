@@ -5,7 +5,6 @@ import html
 from contextlib import contextmanager
 
 import ipywidgets as w
-import plotly.graph_objects as go
 import torch
 
 from .. import measure, quiet
@@ -15,8 +14,11 @@ from ..hardware import pick_device
 from ..peaks import measured_peaks
 from ..model import GPTConfig
 from ..validate import check_row
+from .debounce import Latest
+from .plot import Plot
 
 MAX_PROMPT = 4096                 # longer prompts take minutes on a CPU; the slider stops here
+MAX_NEW = 256
 BATCHES = (1, 2, 4, 8, 16, 32)
 # What the plots and the status line read from a measurement row (measure.measure_request's keys).
 ROW_NUMBERS = ("ttft_s", "tpot_s", "latency_s", "decode_tok_s", "achieved_Bps", "achieved_flops", "mbu",
@@ -25,7 +27,7 @@ ROW_OTHERS = ("timestamps", "preset", "dtype", "device")
 
 
 class Explorer(w.VBox):
-    """Controls, a status line with a progress bar, and three FigureWidgets.
+    """Controls, a status line with a progress bar, and three Plots.
 
     A thin view: measurement is `measure` (measure.measure_request by default), figures come from
     labutils.request_figures. Results are cached by settings, so returning to a setting redraws
@@ -57,24 +59,26 @@ class Explorer(w.VBox):
                                 style=style, layout=wide)
         self.batch = w.SelectionSlider(options=list(BATCHES), value=batch, description="batch",
                                        continuous_update=False, style=style, layout=wide)
-        self.prompt_len = w.IntSlider(value=prompt_len, min=8, max=self._prompt_max(preset), step=8,
+        self.prompt_len = w.IntSlider(value=prompt_len, min=8, max=MAX_PROMPT, step=8,
                                       description="prompt tokens", continuous_update=False, style=style,
                                       layout=wide)
-        self.new_tokens = w.IntSlider(value=new_tokens, min=2, max=256, step=2, description="output tokens",
+        self.new_tokens = w.IntSlider(value=new_tokens, min=2, max=MAX_NEW, step=2, description="output tokens",
                                       continuous_update=False, style=style, layout=wide)
-        self.again = w.Button(description="measure again", icon="refresh", layout=w.Layout(width="150px"),
+        self.again = w.Button(description="measure again", icon="refresh", layout=w.Layout(width="auto"),
                               tooltip="forget the cached result of this setting and measure it again")
         self.again.on_click(lambda _: self.remeasure())
         self.progress = w.IntProgress(value=0, min=0, max=4, bar_style="info", layout=w.Layout(width="160px"))
         self.status = w.HTML()
         self.notes = w.HTML(_notes_html(device, notes))
-        self.fig_timeline = go.FigureWidget(rf.timeline_figure())
-        self.fig_sweep = go.FigureWidget(rf.sweep_figure())
-        self.fig_util = go.FigureWidget(rf.utilization_figure())
+        self.fig_timeline = Plot(rf.timeline_figure())
+        self.fig_sweep = Plot(rf.sweep_figure())
+        self.fig_util = Plot(rf.utilization_figure())
         # Fixed widths keep the two lower plots side by side in a JupyterLab notebook column.
-        self.fig_timeline.layout.width = 880
-        for fig in (self.fig_sweep, self.fig_util):
-            fig.layout.width = 440
+        self.fig_timeline.figure.layout.width = 880
+        for plot in (self.fig_sweep, self.fig_util):
+            plot.figure.layout.width = 440
+        self._latest = Latest(self.refresh)
+        self._clamp()
         for control in (self.device, self.preset, self.dtype, self.batch, self.prompt_len, self.new_tokens):
             control.observe(self._changed, names="value")
         super().__init__([
@@ -92,9 +96,11 @@ class Explorer(w.VBox):
         return dict(preset=self.preset.value, prompt_len=self.prompt_len.value, new_tokens=self.new_tokens.value,
                     batch=self.batch.value, dtype=self.dtype.value, device=self.device.value)
 
-    @staticmethod
-    def _prompt_max(preset: str) -> int:
-        return min(GPTConfig.preset(preset).context_length, MAX_PROMPT)
+    def _clamp(self) -> None:
+        """Keep prompt + output within the shape's context: a switch to a shorter shape clamps both sliders."""
+        context = GPTConfig.preset(self.preset.value).context_length
+        self.prompt_len.max = min(context - self.new_tokens.min, MAX_PROMPT)
+        self.new_tokens.max = max(self.new_tokens.min, min(MAX_NEW, context - self.prompt_len.value))
 
     @contextmanager
     def _holding(self):
@@ -112,12 +118,12 @@ class Explorer(w.VBox):
             with self._holding():
                 if change["owner"] is self.device:
                     self._device_changed()
-                elif change["owner"] is self.preset:
-                    self.prompt_len.max = self._prompt_max(self.preset.value)
+                self._clamp()
         except Exception as err:              # an observer must never raise (e.g. a control set to None)
             self._show_error(err)
             return
-        self.refresh()
+        self._stage(0, "waiting for the controls to settle ...")
+        self._latest()                        # one measurement for a burst of changes, with the last settings
 
     def _device_changed(self) -> None:
         device = self.device.value
@@ -129,7 +135,6 @@ class Explorer(w.VBox):
         self.dtype.options = dtypes
         self.dtype.value = measure.default_dtype_name(device)
         self.notes.value = _notes_html(device, notes)
-        self.prompt_len.max = self._prompt_max(self.preset.value)
 
     # -- measuring --------------------------------------------------------------------------------
 
@@ -187,16 +192,23 @@ class Explorer(w.VBox):
         return row
 
     def _draw(self, row: dict, s: dict) -> None:
-        rf.update_timeline(self.fig_timeline, row)
-        rf.update_sweep(self.fig_sweep, self.rows, s)
-        rf.update_utilization(self.fig_util, row)
+        rf.update_timeline(self.fig_timeline.figure, row)
+        rf.update_sweep(self.fig_sweep.figure, self.rows, s)
+        rf.update_utilization(self.fig_util.figure, row)
+        for plot in (self.fig_timeline, self.fig_sweep, self.fig_util):
+            plot.redraw()
         self.progress.value, self.progress.bar_style = self.progress.max, "success"
         busy = self.busy.get(tuple(s.values()), "")
+        above = rf.utilization_data(row)["above_peak"]
+        warn = [busy] if busy else []
+        if above:
+            warn.append(f"above 100% of the measured {', '.join(above)} even after measuring the peaks again: the "
+                        "peak looks wrong for this request, so its bar stops at 100%")
         self.status.value = (f"TTFT <b>{row['ttft_s'] * 1e3:.1f} ms</b> &middot; TPOT <b>{row['tpot_s'] * 1e3:.2f} "
                              f"ms</b> ({row['decode_tok_s']:.1f} tokens/s, {row['achieved_Bps'] / 1e9:.2f} GB/s) "
-                             f"&middot; MBU {100 * row['mbu']:.1f}% &middot; prefill MFU "
-                             f"{100 * row['mfu_prefill']:.1f}%"
-                             + (f"<br><span style='color:#b00020'>&#9888; {html.escape(busy)}</span>" if busy else ""))
+                             f"&middot; decode {100 * min(row['mbu'], 1):.0f}% of measured copy bandwidth &middot; "
+                             f"prefill {100 * min(row['mfu_prefill'], 1):.0f}% of the measured matmul peak"
+                             + "".join(f"<br><span style='color:#b00020'>&#9888; {html.escape(x)}</span>" for x in warn))
 
 
 def _notes_html(device: str, notes: list[str]) -> str:

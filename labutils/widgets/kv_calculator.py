@@ -10,6 +10,7 @@ from ..roofline import (kv_bytes_per_token, kv_cache_bytes, kv_positions, slidin
                         tokens_where_cache_exceeds_weights, weight_bytes)
 from ..presets import PRESETS, ModelShape, get_shape
 from ..validate import check_count, check_dtype
+from .plot import Plot
 
 CACHE_DTYPES = ("fp16", "bf16", "fp8", "int8")
 GB = 1e9                  # decimal gigabytes, as GPU memory and the essay's "14 GB" are quoted
@@ -81,7 +82,7 @@ def cache_curve(preset, batch: int = 1, dtype: str = "fp16", points: int = 129) 
 
 
 class KVCalculator(w.VBox):
-    """Preset dropdown, context and batch sliders, cache dtype toggle; a FigureWidget and a summary.
+    """Preset dropdown, context and batch sliders, cache dtype toggle; a Plot and a summary.
 
     Traces, each named for the legend: 0 the cache (GB) against context, 1 the weights as a horizontal line,
     2 the crossover point (empty when it lies beyond the context or never comes), 3 the chosen context,
@@ -99,7 +100,7 @@ class KVCalculator(w.VBox):
         self.dtype = w.ToggleButtons(options=list(CACHE_DTYPES), value=dtype, description="cache dtype",
                                      style={"description_width": "90px", "button_width": "60px"})
         self.summary = w.HTML()
-        self.fig = go.FigureWidget(_empty_figure())
+        self.fig = Plot(_empty_figure())
         for control in (self.preset, self.context, self.batch, self.dtype):
             control.observe(lambda change: self.refresh(), names="value")
         super().__init__([w.HBox([w.VBox([self.preset, self.context, self.batch]), self.dtype]),
@@ -126,30 +127,33 @@ class KVCalculator(w.VBox):
         except (TypeError, ValueError) as err:
             s = None
             self.summary.value = _error_html(err)
-        with self.fig.batch_update():
-            self.fig.data[0].update(x=xs, y=ys, name=f"KV cache, batch {batch}, {dtype}")
-            self.fig.data[1].update(x=[0, shape.context_length], y=[weights, weights],
+        fig = self.fig.figure
+        with fig.batch_update():
+            fig.data[0].update(x=xs, y=ys, name=f"KV cache, batch {batch}, {dtype}")
+            fig.data[1].update(x=[0, shape.context_length], y=[weights, weights],
                                     name=f"weights ({shape.n_params / 1e9:.2f}B params, fp16)")
             inside = crossover is not None and crossover <= shape.context_length
             # An empty trace leaves the legend too, so the legend lists exactly what is drawn.
             # Every update restates the name: JupyterLab's plotly drew "trace 2" / "trace 3" for traces that
             # started empty and were named only in the initial figure.
-            self.fig.data[2].update(x=[crossover] if inside else [], showlegend=inside, name="crossover",
+            fig.data[2].update(x=[crossover] if inside else [], showlegend=inside, name="crossover",
                                     y=[kv_cache_bytes(shape, crossover, batch, dtype) / GB] if inside else [])
             if s is None:
-                self.fig.data[3].update(x=[], y=[], showlegend=False, name="chosen context")
+                fig.data[3].update(x=[], y=[], showlegend=False, name="chosen context")
             else:
-                self.fig.data[3].update(x=[s["context"]], y=[s["cache_bytes"] / GB], showlegend=True,
+                fig.data[3].update(x=[s["context"]], y=[s["cache_bytes"] / GB], showlegend=True,
                                         name=f"chosen context ({s['context']:,} tokens)")
             top = max(weights, ys[-1])
-            self.fig.data[4].update(x=[window, window] if window else [], y=[0, top] if window else [],
+            fig.data[4].update(x=[window, window] if window else [], y=[0, top] if window else [],
                                     showlegend=window is not None,
                                     name=f"sliding window ({window:,} tokens)" if window else "sliding window")
             where = (f"cache passes the weights at {crossover:,} tokens" if inside else
                      "the sliding window keeps the cache below the weights" if crossover is None else
                      f"the cache passes the weights only at {crossover:,} tokens, beyond the context")
-            self.fig.layout.title.text = f"{preset}: {where}"
-            self.fig.layout.xaxis.range = [0, shape.context_length]
+            fig.layout.title.text = f"{preset}: {where}"
+            # A little room past the context, so the chosen-context dot at the maximum is drawn whole.
+            fig.layout.xaxis.range = [0, 1.02 * shape.context_length]
+        self.fig.redraw()
         if s is not None:
             self.summary.value = html.escape(s["text"])
         return s

@@ -4,12 +4,12 @@ from __future__ import annotations
 import html
 
 import ipywidgets as w
-import plotly.graph_objects as go
 
 from .. import quiet
 from ..serving.engine import Served, serve
 from ..serving.figures import gantt_figure
 from ..serving.workload import Workload, make_workload
+from .plot import Plot
 
 
 def dashboard_workload(context_length: int, vocab_size: int, *, n_requests: int, rate: float | None, prompt_len,
@@ -62,8 +62,8 @@ class ServingDashboard(w.VBox):
         self.requests = w.IntSlider(value=n_requests, min=1, max=128, description="requests", style=style, layout=wide)
         self.button = w.Button(description="Run workload", button_style="primary", icon="play")
         self.status, self.meters = w.HTML(), w.HTML()
-        self.fig = go.FigureWidget(gantt_figure([]))
-        self.fig.layout.width = 880
+        self.fig = Plot(gantt_figure([]))
+        self.fig.figure.layout.width = 880
         self.served: Served | None = None
         self.button.on_click(lambda _: self.run())
         controls = w.HBox([w.VBox([self.rate, self.slots, self.requests, self.caching]),
@@ -78,7 +78,18 @@ class ServingDashboard(w.VBox):
                                   system_prompt_len=self.prefix.value, seed=self.seed)
 
     def run(self) -> Served | None:
-        """Serve the controls' workload; show its meters and Gantt, or say what went wrong."""
+        """Serve the controls' workload; show its meters and Gantt, or say what went wrong.
+
+        The button is disabled while a workload runs: the kernel is busy until it ends, so a second click would
+        only queue a second run.
+        """
+        self.button.disabled = True
+        try:
+            return self._run()
+        finally:
+            self.button.disabled = False
+
+    def _run(self) -> Served | None:
         try:
             self.status.value = "&#9203; serving ..."
             wl = self.workload()
@@ -87,12 +98,8 @@ class ServingDashboard(w.VBox):
             self.served = served
             self.meters.value = meters_html(served)
             new = gantt_figure(served.results, f"{len(wl)} requests, {self.slots.value} batch slots")
-            with self.fig.batch_update():
-                self.fig.data = ()
-                for trace in new.data:
-                    self.fig.add_trace(trace)
-                self.fig.layout.title, self.fig.layout.height = new.layout.title, new.layout.height
-                self.fig.layout.yaxis.showticklabels = new.layout.yaxis.showticklabels
+            new.layout.width = 880
+            self.fig.replace(new)
         except Exception as err:               # the view must survive anything a setting can cause
             self.status.value = (f"<span style='color:#b00020'><b>Could not serve this workload:</b> "
                                  f"{html.escape(str(err))}</span> <i>(the results below are from the last good run)</i>")

@@ -40,8 +40,12 @@ def render_tokens(enc: tiktoken.Encoding | str, text: str) -> str:
     counts = (f'<div class="token-counts"><b>{len(text)}</b> characters \u00b7 '
               f'<b>{len(ids)}</b> tokens \u00b7 <b>{ratio}</b> characters/token '
               f'({html.escape(enc.name)}, vocabulary {enc.n_vocab:,})</div>')
-    return (f'{counts}<div style="font-family:monospace;white-space:pre-wrap;line-height:1.8">{"".join(spans)}</div>'
-            f'<div style="font-family:monospace;font-size:85%;color:#555">[{shown_ids}]</div>')
+    # ipywidgets' HTML sets white-space: nowrap, and a token shows its spaces as "·", so a paragraph has no break
+    # opportunity at all: both blocks wrap anywhere, or a pasted paragraph becomes one line thousands of pixels wide.
+    wrap = "white-space:pre-wrap;overflow-wrap:anywhere;word-break:break-all;max-width:100%"
+    return (f'{counts}<div class="token-spans" style="font-family:monospace;{wrap};line-height:1.8">{"".join(spans)}'
+            f'</div><div class="token-ids" style="font-family:monospace;font-size:85%;color:#555;{wrap}">'
+            f'[{shown_ids}]</div>')
 
 
 class TokenViewer(w.VBox):
