@@ -1,22 +1,26 @@
-"""Real-browser check: each lesson with a widget runs in JupyterLab with Chromium, no cell errs, and the widget answers.
+"""Real-browser check: the lessons run in JupyterLab with Chromium as a learner runs them, and every plot draws.
 
-One JupyterLab server and one headless Chromium serve every test here; each test serves a *copy* of its lesson (JupyterLab
-autosaves, and the stored lessons must keep their nbval outputs), clicks Run -> Run All Cells, waits for the last cell,
-and fails naming every cell that raised (error outputs, or a stderr output with a Traceback). What runs, and why:
-- lesson 01, whole (about 10 s): type into the token viewer; the ids it shows become the typed text's cl100k_base ids.
-  The page's heading ids must also equal notebook_links.anchor's, the rule the README and lesson links are checked by.
-- lesson 06, whole (about 20 s): set the KV calculator's batch to 8; its summary becomes kv_summary(...)["text"] for
-  batch 8 and its cache curve moves.
-- lesson 05, its first cell and its explorer cell only: the whole lesson takes about 120 s on the 2-core CI CPU,
-  mostly measurements the explorer does not need. A slider move measures one more prompt length and redraws; two
-  typed prompt lengths (256, 512) add points to the sweep for the screenshot.
-- lesson 09, its first cell, the cell that loads the tiny model, and the dashboard cell: the whole lesson takes about
-  380 s (batch sweeps, static vs continuous runs, a long-context model, a vLLM section). The dashboard shows its Gantt
-  and meters; 8 requests instead of 24 and a click on "Run workload" serve again and redraw it.
+One JupyterLab server, with its default settings (windowing on: cells off screen are left out of the page), and one
+headless Chromium serve every test here. Each test serves a *copy* of its lesson (JupyterLab autosaves, and the stored
+lessons must keep their nbval outputs), clicks Kernel -> Restart Kernel and Run All Cells, waits for the last cell,
+and fails naming every cell that raised (error outputs, or a stderr output with a Traceback). Then it scrolls every
+cell into view and fails on any plotly plot without a trace that has points (`undrawn_plots`): a widget's plot that
+came up blank, or a static figure that did. What runs, and why:
+- lesson 01, whole: type into the token viewer (the ids become the typed text's cl100k_base ids), paste a long
+  paragraph (its tokens and ids wrap inside the cell). Heading ids must equal notebook_links.anchor's.
+- lesson 04, whole: the sampling playground's labels are not cut off, and a move of the temperature slider changes
+  the text.
+- lesson 05, its first cell and its explorer cell only (the whole lesson is mostly measurements the explorer does not
+  need): a slider move measures one more prompt length; two typed prompt lengths add points for the screenshot.
+- lesson 06, whole: set the KV calculator's batch to 8; its summary and its cache curve follow.
+- lesson 07, the cells its batch roofline needs: a batch slider move draws the new point on both plots.
+- lesson 08, the cells its decode stream needs: the streamed text fills the box, and the box shows its newest line.
+- lesson 09, the cells its dashboard needs: the dashboard draws its Gantt (queued, prefill, decode) and meters; its
+  button is disabled while a run is in progress; a second run redraws.
+- lesson 10, whole: every figure draws, each best-k star in its line's colour.
 The partial lessons read those cells from the .ipynb at test time, so the test cannot drift from the lesson.
-The browser part takes about 2 minutes on the 2-core CI CPU.
 
-Every test saves a screenshot of its widget to docs/ (SCREENSHOT_DIR=... puts them elsewhere); the README shows them.
+Every widget test saves a screenshot to docs/ (SCREENSHOT_DIR=... puts them elsewhere); the README shows some of them.
 The kernel: the server gets its own kernelspec "prefill-decode-lab" (a temp JUPYTER_PATH entry running this Python) and
 PYTHONPATH starting with this checkout, and a first cell checks that the kernel imports this checkout's labutils.
 Needs chromium (Debian: `apt-get install chromium fonts-noto-cjk fonts-noto-color-emoji`; `.ci/run` installs them) and
@@ -70,10 +74,7 @@ def _kernel_env(state: Path) -> dict:
     argv = [sys.executable, "-Xfrozen_modules=off", "-m", "ipykernel_launcher", "-f", "{connection_file}"]
     (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": KERNEL["display_name"],
                                                   "language": "python"}))
-    # Only the windowing setting: JupyterLab would otherwise leave off-screen cells out of the page.
-    settings = state / "settings" / "@jupyterlab" / "notebook-extension"
-    settings.mkdir(parents=True)
-    (settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
+    # No settings at all: the learner's defaults, windowing included.
     env = dict(os.environ, JUPYTER_PATH=os.pathsep.join(filter(None, [str(state), os.environ.get("JUPYTER_PATH")])))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     return env
@@ -160,7 +161,9 @@ def cell_report(page) -> list[dict]:
 
 
 def run_all(page, url: str, token: str, notebook: str, timeout_s: float = 300) -> None:
-    """Open a notebook, wait for its kernel, Run -> Run All Cells, wait for the last cell; fail on any cell's error."""
+    """Open a notebook, wait for its kernel, Kernel -> Restart Kernel and Run All Cells, wait for the last cell;
+    fail on any cell's error. Cells are read from the notebook's model, which holds them all even while
+    JupyterLab's windowing keeps most of them out of the page."""
     # A workspace of its own, reset: JupyterLab would otherwise reopen (and restart the kernels of) earlier lessons.
     page.goto(f"{url}/lab/workspaces/{Path(notebook).stem}/tree/{notebook}?reset&token={token}")
     page.wait_for_selector(".jp-Notebook", timeout=timeout_s * 1000)
@@ -168,8 +171,9 @@ def run_all(page, url: str, token: str, notebook: str, timeout_s: float = 300) -
     page.wait_for_selector(".jp-StatusBar-TextItem:has-text('| Idle')", timeout=timeout_s * 1000)
     with contextlib.suppress(Exception):         # JupyterLab's first-run "news?" toast; not always shown
         page.click(".jp-toast-button:has-text('No')", timeout=2000)
-    page.click(".lm-MenuBar-itemLabel:text-is('Run')")
-    page.click(".lm-Menu-itemLabel:text-is('Run All Cells')")
+    page.click(".lm-MenuBar-itemLabel:text-is('Kernel')")
+    page.click(".lm-Menu-itemLabel:text-is('Restart Kernel and Run All Cells…')")
+    page.click(".jp-Dialog-button.jp-mod-accept", timeout=30_000)       # "Restart" in the confirmation
     deadline = time.monotonic() + timeout_s
     while True:                                  # an error stops Run All, so DONE alone could wait forever
         cells = cell_report(page)
@@ -181,9 +185,54 @@ def run_all(page, url: str, token: str, notebook: str, timeout_s: float = 300) -
         f"cell {c['i']} ({c['source']!r}): {' | '.join(c['errors'])}" for c in errors)
     assert DONE in cells[-1]["text"], f"{notebook}: not every cell ran within {timeout_s:.0f} s: " + ", ".join(
         f"cell {c['i']} count {c['count']}" for c in cells if c["count"] is None)
-    tracebacks = page.locator('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'
-                              ':has-text("Traceback")')
-    assert tracebacks.count() == 0, f"{notebook}: the page shows a traceback: {tracebacks.first.inner_text()[-600:]}"
+
+
+def show_cell(page, marker: str) -> int:
+    """Scroll the first cell whose source contains `marker` into view (windowing attaches it); return its index."""
+    index = page.evaluate("""(marker) => {
+        const nb = window.jupyterapp.shell.currentWidget.content;
+        const i = nb.widgets.findIndex(c => c.model.sharedModel.getSource().includes(marker));
+        if (i >= 0) { nb.activeCellIndex = i; nb.scrollToItem(i, 'start'); }
+        return i; }""", marker)
+    assert index >= 0, f"no cell contains {marker!r}; update the marker in tests/test_browser.py"
+    page.wait_for_timeout(500)
+    return index
+
+
+# Per cell, per plot: [traces, traces with points]. Plotly keeps the figure it drew on the element (gd.data).
+CELL_PLOTS_JS = """(i) => { const nb = window.jupyterapp.shell.currentWidget.content; const cell = nb.widgets[i];
+    nb.scrollToItem(i, 'center');
+    if (!cell.node.isConnected) return null;
+    return [...cell.node.querySelectorAll('.js-plotly-plot')].map(gd => {
+        const data = gd.data || [];
+        const points = t => ['x', 'y', 'z', 'values'].some(k => t[k] && t[k].length > 0);
+        return [data.length, data.filter(points).length]; }); }"""
+
+
+def undrawn_plots(page) -> list[str]:
+    """Scroll through every cell and name each plotly plot that has no trace with points, or is not drawn at all
+    where the notebook's model says a plot was output."""
+    problems = []
+    n = page.evaluate("() => window.jupyterapp.shell.currentWidget.content.widgets.length")
+    expected = page.evaluate("""() => window.jupyterapp.shell.currentWidget.context.model.toJSON().cells.map(c =>
+        (c.outputs || []).filter(o => o.data && o.data['application/vnd.plotly.v1+json']).length)""")
+    for i in range(n):
+        page.evaluate(CELL_PLOTS_JS, i)
+        page.wait_for_timeout(150)                   # the renderer draws once the cell is attached
+        found = page.evaluate(CELL_PLOTS_JS, i)
+        if found is None:
+            problems.append(f"cell {i}: never attached to the page")
+            continue
+        if len(found) < expected[i]:
+            problems.append(f"cell {i}: {expected[i]} plotly outputs in the notebook, {len(found)} drawn")
+        problems += [f"cell {i}, plot {j}: {traces} traces, none with points" for j, (traces, drawn) in
+                     enumerate(found) if drawn == 0]
+    return problems
+
+
+def assert_every_plot_drawn(page) -> None:
+    problems = undrawn_plots(page)
+    assert not problems, "plots that did not draw:\n" + "\n".join(problems)
 
 
 def plots(page, scope: str) -> str:
@@ -255,50 +304,70 @@ def lesson_page(lab, lesson: str, pick=None, timeout_s: float = 300):
         shut_down_kernels(url, token)
 
 
+def label_cuts(page, scope: str) -> list[str]:
+    """Widget labels and button captions inside `scope` that the page cuts off with an ellipsis."""
+    return page.evaluate("""(sel) => [...document.querySelectorAll(sel + ' .widget-label, ' + sel + ' button')]
+        .filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1).map(e => e.textContent)""", scope)
+
+
 def test_lesson01_token_viewer_shows_the_ids_of_what_is_typed(lab):
     from labutils.tokenizer import encode, get_encoding
     viewer = ".jp-OutputArea-output:has(.token-counts)"
     typed = "Prefill reads the prompt; decode writes 東京の天気 🙂 one token at a time."
     with lesson_page(lab, "01_tokenization.ipynb") as page:
-        ids_line = page.locator(f"{viewer} .widget-html-content > div").last
+        assert_every_plot_drawn(page)
+        show_cell(page, "token_viewer(")
+        ids_line = page.locator(f"{viewer} .token-ids").last
         before = ids_line.inner_text()
         page.locator(f"{viewer} textarea").first.fill(typed)
         page.wait_for_function("([sel, before]) => document.querySelector(sel).innerText !== before",
-                               arg=[f"{viewer} .widget-html-content > div:last-child", before], timeout=30_000)
-        shown = json.loads(ids_line.inner_text())
-        assert shown == encode(get_encoding("cl100k_base"), typed)
+                               arg=[f"{viewer} .token-ids", before], timeout=30_000)
+        assert json.loads(ids_line.inner_text()) == encode(get_encoding("cl100k_base"), typed)
         save_shot(page, viewer, "token_viewer.png")
+        # A pasted paragraph wraps inside the cell: no block of tokens or ids is wider than the output area.
+        page.locator(f"{viewer} textarea").first.fill(" ".join(["Prefill reads the whole prompt at once."] * 60))
+        page.wait_for_timeout(1500)
+        widths = page.evaluate("""(sel) => { const out = document.querySelector(sel);
+            return [out.clientWidth, ...[...out.querySelectorAll('.token-spans, .token-ids')].map(e => e.scrollWidth)]; }""",
+                               viewer)
+        assert max(widths[1:]) <= widths[0], f"tokens or ids overflow the cell: {widths}"
         # The README's and test_lessons' links rely on notebook_links.anchor: it must give JupyterLab's own ids.
-        ids = page.evaluate("() => [...document.querySelectorAll('.jp-MarkdownOutput :is(h1, h2, h3)')]"
-                            ".map(h => h.id || h.getAttribute('data-jupyter-id'))")
-        assert set(ids) == anchors(LESSONS / "01_tokenization.ipynb")
+        ids = set()
+        for i in range(page.evaluate("() => window.jupyterapp.shell.currentWidget.content.widgets.length")):
+            ids |= set(page.evaluate("""(i) => { const nb = window.jupyterapp.shell.currentWidget.content;
+                nb.scrollToItem(i); return [...nb.widgets[i].node.querySelectorAll('.jp-MarkdownOutput :is(h1, h2, h3)')]
+                .map(h => h.id || h.getAttribute('data-jupyter-id')); }""", i))
+        assert ids == anchors(LESSONS / "01_tokenization.ipynb")
 
 
-def test_lesson06_kv_calculator_answers_a_batch_change(lab):
-    from labutils.widgets.kv_calculator import kv_summary
-    calc = ".jp-OutputArea-output:has(.widget-toggle-buttons):has(.js-plotly-plot)"
-    with lesson_page(lab, "06_kv_cache.ipynb") as page:
-        summary = page.locator(f"{calc} .widget-html-content").first
-        assert summary.inner_text() == kv_summary("llama-2-7b", 4096, 1, "fp16")["text"]
-        before = plots(page, calc)
-        type_into_readout(page, calc, "batch", 8)
-        wait_for_new_plots(page, calc, before, timeout_s=30)
-        assert summary.inner_text() == kv_summary("llama-2-7b", 4096, 8, "fp16")["text"]
-        # Plotly names a trace it got no name for "trace N"; every entry the learner sees must say what it is.
-        legend = page.locator(f"{calc} .legendtext").all_text_contents()
-        assert "crossover" in legend and not [t for t in legend if re.fullmatch(r"trace \d+", t)], legend
-        save_shot(page, calc, "kv_calculator.png")
+def test_lesson04_sampling_playground_answers_and_shows_its_labels(lab):
+    playground = ".jp-OutputArea-output:has(.widget-slider):has(textarea)"
+    with lesson_page(lab, "04_tiny_transformer.ipynb") as page:
+        assert_every_plot_drawn(page)
+        show_cell(page, "widgets.VBox([*controls.values(), text_out])")
+        assert label_cuts(page, playground) == []
+        text = page.locator(f"{playground} textarea").first
+        before = text.input_value()
+        assert before and not before.startswith("(")
+        type_into_readout(page, playground, "temperature", 1.5)
+        page.wait_for_function("([sel, before]) => document.querySelector(sel + ' textarea').value !== before",
+                               arg=[playground, before], timeout=60_000)
+        save_shot(page, playground, "sampling.png")
 
 
 def test_lesson05_explorer_redraws_after_a_slider_move(lab):
     explorer = ".jp-OutputArea-output:has(.widget-slider):has(.js-plotly-plot)"
     pick = lambda cells: code_cells(cells, "explorer(")                        # noqa: E731
     with lesson_page(lab, "05_prefill_decode.ipynb", pick) as page:
+        show_cell(page, "explorer(")
         done = ("(sel) => [...document.querySelectorAll(sel + ' .widget-html-content')]"
-                ".some(e => e.textContent.includes('TTFT') && e.textContent.includes('MBU'))")
+                ".some(e => e.textContent.includes('TTFT') && e.textContent.includes('copy bandwidth'))")
         page.wait_for_function(done, arg=explorer, timeout=300_000)
         assert page.locator(f"{explorer} .widget-slider").count() >= 3            # prompt, output, batch
         assert page.locator(f"{explorer} .js-plotly-plot").count() == 3           # timeline, sweep, utilization
+        assert_every_plot_drawn(page)
+        assert label_cuts(page, explorer) == []
+        show_cell(page, "explorer(")
         before = plots(page, explorer)
         handle = page.locator(f"{explorer} .widget-slider:has(label:text-is('prompt tokens')) .noUi-handle").first
         handle.scroll_into_view_if_needed()
@@ -308,6 +377,7 @@ def test_lesson05_explorer_redraws_after_a_slider_move(lab):
         page.wait_for_function(done, arg=explorer, timeout=300_000)
         after = json.loads(plots(page, explorer))
         assert len(after[1][0][0]) == len(json.loads(before)[1][0][0]) + 1      # one more measured prompt length
+        assert max(after[2][0][1]) <= 100                                       # no bar above 100% of a peak
         for n in (256, 512):                                                    # a sweep worth a screenshot
             before = plots(page, explorer)
             type_into_readout(page, explorer, "prompt tokens", n)
@@ -316,18 +386,98 @@ def test_lesson05_explorer_redraws_after_a_slider_move(lab):
         save_shot(page, explorer, "explorer.png")
 
 
+def test_lesson06_kv_calculator_answers_a_batch_change(lab):
+    from labutils.widgets.kv_calculator import kv_summary
+    calc = ".jp-OutputArea-output:has(.widget-toggle-buttons):has(.js-plotly-plot)"
+    with lesson_page(lab, "06_kv_cache.ipynb") as page:
+        assert_every_plot_drawn(page)
+        show_cell(page, "kv_calculator(")
+        summary = page.locator(f"{calc} .widget-html-content").first
+        assert summary.inner_text() == kv_summary("llama-2-7b", 4096, 1, "fp16")["text"]
+        before = plots(page, calc)
+        assert json.loads(before)[0][0][0], "the KV calculator's cache curve has no points"
+        type_into_readout(page, calc, "batch", 8)
+        wait_for_new_plots(page, calc, before, timeout_s=30)
+        assert summary.inner_text() == kv_summary("llama-2-7b", 4096, 8, "fp16")["text"]
+        # Plotly names a trace it got no name for "trace N"; every entry the learner sees must say what it is.
+        legend = page.locator(f"{calc} .legendtext").all_text_contents()
+        assert "crossover" in legend and not [t for t in legend if re.fullmatch(r"trace \d+", t)], legend
+        save_shot(page, calc, "kv_calculator.png")
+
+
+def test_lesson07_batch_roofline_draws_each_batch(lab):
+    board = ".jp-OutputArea-output:has(.widget-slider):has(.js-plotly-plot)"
+    pick = lambda cells: code_cells(cells, "PRESET = ", "measured_peaks(", "batch_roofline(")        # noqa: E731
+    with lesson_page(lab, "07_memory_wall.ipynb", pick) as page:
+        assert_every_plot_drawn(page)
+        show_cell(page, "batch_roofline(")
+        assert page.locator(f"{board} .js-plotly-plot").count() == 2              # roofline, tokens/s
+        before = plots(page, board)
+        handle = page.locator(f"{board} .widget-slider .noUi-handle").first
+        handle.scroll_into_view_if_needed()
+        handle.focus()
+        for _ in range(3):
+            page.keyboard.press("ArrowRight")                                   # batch 1 -> 8
+        wait_for_new_plots(page, board, before, timeout_s=120)
+        page.wait_for_function("(sel) => document.querySelector(sel).innerText.includes('batch 8')",
+                               arg=board, timeout=120_000)
+        assert_every_plot_drawn(page)
+        save_shot(page, board, "batch_roofline.png")
+
+
+def test_lesson08_decode_stream_keeps_the_newest_text_in_view(lab):
+    stream = ".jp-OutputArea-output:has(.decode-stream)"
+    pick = lambda cells: code_cells(cells, "load_pretrained(", "model = copy.deepcopy(tiny)", "decode_stream(")  # noqa
+    with lesson_page(lab, "08_fast_decode.ipynb", pick) as page:
+        show_cell(page, "decode_stream(")
+        box = page.locator(f"{stream} .decode-stream").first
+        page.wait_for_function("(sel) => document.querySelector(sel).innerText.includes('120 tokens')",
+                               arg=stream, timeout=120_000)
+        state = box.evaluate("""b => ({overflows: b.scrollHeight > b.clientHeight,
+            atEnd: Math.abs(b.scrollTop) < 2 || b.scrollHeight - b.clientHeight - b.scrollTop < 2,
+            column: getComputedStyle(b).flexDirection, color: getComputedStyle(b).color,
+            page: getComputedStyle(document.body).color})""")
+        assert state["overflows"], "120 tokens should fill more than the box"
+        # column-reverse anchors the view at the newest text (scrollTop 0 there means the end).
+        assert state["column"] == "column-reverse" and state["atEnd"], state
+        assert state["color"] == state["page"], f"the stream's text is not in the page's colour: {state}"
+        save_shot(page, stream, "decode_stream.png")
+
+
 def test_lesson09_dashboard_serves_and_draws_its_gantt(lab):
     board = ".jp-OutputArea-output:has(.widget-button):has(.js-plotly-plot)"      # plain CSS: page JS reads it too
     pick = lambda cells: code_cells(cells, "load_pretrained(", "serving_dashboard(")  # noqa: E731
     with lesson_page(lab, "09_serving.ipynb", pick) as page:
+        show_cell(page, "serving_dashboard(")
         page.wait_for_selector(f"{board} .js-plotly-plot", timeout=60_000)
         assert "TTFT p50 / p99" in page.locator(board).inner_text()
         first = plots(page, board)
         assert json.loads(first)[0], "the dashboard's Gantt has no traces after dashboard.run()"
+        legend = set(page.locator(f"{board} .legendtext").all_text_contents())
+        assert {"queued", "prefill", "decode"} <= legend, legend
+        assert label_cuts(page, board) == []
         type_into_readout(page, board, "requests", 8)                            # a third of the work: quick
-        page.click(f"{board} button:has-text('Run workload')")
+        button = page.locator(f"{board} button:has-text('Run workload')")
+        button.click()
+        page.wait_for_function("(sel) => document.querySelector(sel + ' button').disabled", arg=board,
+                               timeout=30_000)                                   # disabled while it serves
         wait_for_new_plots(page, board, first, timeout_s=120)
-        page.wait_for_function("(sel) => !document.querySelector(sel).innerText.includes('serving ...')",
-                               arg=board, timeout=120_000)
+        page.wait_for_function("(sel) => !document.querySelector(sel + ' button').disabled", arg=board,
+                               timeout=120_000)
         assert "Could not serve" not in page.locator(board).inner_text()
+        assert_every_plot_drawn(page)
         save_shot(page, board, "serving_dashboard.png")
+
+
+def test_lesson10_every_figure_draws_and_stars_match_their_lines(lab):
+    with lesson_page(lab, "10_speculative_decoding.ipynb", timeout_s=900) as page:
+        assert_every_plot_drawn(page)
+        show_cell(page, 'symbol="star"')
+        colours = page.evaluate("""() => { const gd = document.querySelector('.jp-Cell.jp-mod-active .js-plotly-plot');
+            const line = {}, star = {};
+            for (const t of gd._fullData) {
+                if (t.marker && t.marker.symbol === 'star') star[t.legendgroup] = t.marker.color;
+                else if (t.legendgroup) line[t.legendgroup] = t.line.color; }
+            return [line, star]; }""")
+        line, star = colours
+        assert star and all(star[g] == line.get(g) for g in star), colours

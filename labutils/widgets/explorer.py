@@ -64,7 +64,8 @@ class Explorer(w.VBox):
                                       layout=wide)
         self.new_tokens = w.IntSlider(value=new_tokens, min=2, max=MAX_NEW, step=2, description="output tokens",
                                       continuous_update=False, style=style, layout=wide)
-        self.again = w.Button(description="measure again", icon="refresh", layout=w.Layout(width="auto"),
+        self.again = w.Button(description="measure again", icon="refresh",
+                              layout=w.Layout(width="auto", flex="0 0 auto"),    # a fixed width cut the caption
                               tooltip="forget the cached result of this setting and measure it again")
         self.again.on_click(lambda _: self.remeasure())
         self.progress = w.IntProgress(value=0, min=0, max=4, bar_style="info", layout=w.Layout(width="160px"))
