@@ -200,18 +200,21 @@ def check_request(model, ids, max_new_tokens: int, temperature: float = 0.0, top
 @torch.inference_mode()
 def generate(model, ids, max_new_tokens: int, *, use_cache: bool = True, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-             min_p: float | None = None, stop_token: int | None = None) -> GenerationResult:
+             min_p: float | None = None, stop_token: int | None = None, on_token=None) -> GenerationResult:
     """Prefill, then decode until max_new_tokens. With use_cache=False every step recomputes the
     whole sequence: the baseline that shows what the cache saves.
 
     stop_token (e.g. the tokenizer's end-of-text id) ends the request early, once every sequence has
     produced it; the result then ends with that token. In a batch, a sequence that stopped first keeps
-    stop_token in its later places, so each row reads up to its first stop_token.
+    stop_token in its later places, so each row reads up to its first stop_token. on_token(tokens) is called
+    with each step's tokens [batch] once they are on the host and stamped, as fast_generate's is.
     """
     t0 = time.perf_counter()   # the request starts now: validation and cache allocation count toward TTFT
     device = model_device(model)
     ids = check_request(model, ids, max_new_tokens, temperature, top_k, top_p, min_p)
     stop_token = check_stop_token(stop_token, model.config.vocab_size)
+    if on_token is not None and not callable(on_token):
+        raise TypeError(f"on_token must be a function of one step's tokens, got {type(on_token).__name__}")
     T, max_new_tokens = ids.shape[1], int(max_new_tokens)
     use_cache = check_flag("use_cache", use_cache)
     seed = None if seed is None else check_seed(seed)
@@ -228,13 +231,13 @@ def generate(model, ids, max_new_tokens: int, *, use_cache: bool = True, tempera
         host = tok.cpu()                    # the token is on the host only after this copy
         timing.synchronize(device)
         stamps.append(time.perf_counter() - t0)
-        if stop_token is None:
-            tokens.append(host)
-            return False
-        host = host.masked_fill(stopped, stop_token)   # a finished row stays finished
+        if stop_token is not None:
+            host = host.masked_fill(stopped, stop_token)   # a finished row stays finished
+            stopped.logical_or_(host == stop_token)
         tokens.append(host)
-        stopped.logical_or_(host == stop_token)
-        return bool(stopped.all())
+        if on_token is not None:
+            on_token(host)
+        return stop_token is not None and bool(stopped.all())
 
     if use_cache:
         cache = KVCache(model.config, ids.shape[0], T + max_new_tokens, device=device, dtype=model_dtype(model))

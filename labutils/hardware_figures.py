@@ -8,6 +8,7 @@ from plotly.subplots import make_subplots
 
 from . import roofline
 from .hardware import MiB, SPECS, DeviceSpec
+from .log_axes import log_axis
 from .request_figures import MEASURED_COLOR     # the course's one colour for "measured on this machine"
 from .validate import check_positive
 
@@ -52,8 +53,8 @@ def bandwidth_figure(sizes, bandwidths_Bps, cache_bytes: int | None = None,
         add_log_vline(fig, cache_mib, cache_text.replace("; ", ";<br>"), "right" if right_half else "left")
     pad = 0.15   # a little room (in decades) either side of the outermost point
     fig.update_layout(title=title, yaxis_title="GB/s (read + write)", margin=dict(t=90),
-                      xaxis=dict(title="buffer size (MiB)", type="log",
-                                 range=[math.log10(min(ends)) - pad, math.log10(max(ends)) + pad]))
+                      xaxis=log_axis(ends, "pow2", title="buffer size (MiB)",
+                                     range=[math.log10(min(ends)) - pad, math.log10(max(ends)) + pad]))
     return fig
 
 
@@ -89,11 +90,14 @@ def datasheet_figure(bandwidth_Bps: float, flops: float, dtype: str = "float32",
         fig.add_scatter(x=bare, y=[floor] * len(bare), mode="markers", name=NO_FIGURE_TEXT,
                         marker=dict(symbol="x-open", size=11, color="gray"), row=1, col=2)
     fig.update_xaxes(categoryorder="array", categoryarray=names)
-    fig.update_yaxes(type="log")
-    fig.update_layout(title="This machine against the datasheets (log scale)", barmode="group", height=520,
-                      margin=dict(b=150))
-    fig.add_annotation(text=NOTE, x=1, xref="paper", xanchor="right", y=-0.45, yref="paper", yanchor="top",
-                       showarrow=False, align="right", font=dict(size=11))
+    bandwidths = [bandwidth_Bps / 1e9] + [s.bandwidth_GBps for s in rows]
+    tflops = [flops / 1e12] + [v for s in rows for v in (s.tflops_16, s.tflops_32) if v is not None]
+    fig.update_yaxes(**log_axis(bandwidths), row=1, col=1)
+    fig.update_yaxes(**log_axis(tflops), row=1, col=2)
+    # The note rides under the title: placed under the rotated device names it floated far below the bars.
+    fig.update_layout(title=dict(text="This machine against the datasheets (log scale)",
+                                 subtitle=dict(text=NOTE, font=dict(size=11))),
+                      barmode="group", height=520, margin=dict(t=110))
     return fig
 
 
@@ -109,9 +113,10 @@ def rooflines_figure(roofs, marks=(), intensities=None) -> go.Figure:
                         name=label, mode="lines")
     for x, label in marks:
         add_log_vline(fig, x, label)
+    tflops = [y for t in fig.data for y in (t.y or [])]
     fig.update_layout(title="Rooflines: attainable TFLOP/s vs arithmetic intensity", margin=dict(t=90),
-                      xaxis=dict(title="arithmetic intensity (FLOP/byte)", type="log"),
-                      yaxis=dict(title="TFLOP/s", type="log"))
+                      xaxis=log_axis(intensities, title="arithmetic intensity (FLOP/byte)"),
+                      yaxis=log_axis(tflops, title="TFLOP/s"))
     return fig
 
 

@@ -5,6 +5,7 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
+from .log_axes import tidy_log_axes
 from .roofline import weight_bytes
 from .validate import check_count, describe
 from .widgets.kv_calculator import cache_curve       # the calculator's own curve, so both draw the same line
@@ -67,17 +68,27 @@ def fill_figure(snapshots: dict[str, torch.Tensor], labels: list[str]) -> go.Fig
 
 def cache_vs_context_figure(shapes, points: int = 65, weights_of: int = 2) -> go.Figure:
     """One sequence's fp16 cache (GB) against context for each shape, drawn up to that model's own context
-    (a sliding window shows as a flat line), with the fp16 weights of the first `weights_of` as dotted lines."""
+    (a sliding window shows as a flat line), with the fp16 weights of the first `weights_of` as dotted lines.
+
+    The y axis is logarithmic: on a linear one the 13-16 GB weight lines pressed every cache curve into the bottom
+    strip of the plot. The weights are traces with a label at their end, not shapes, so they sit at their value
+    on the log axis too.
+    """
     points, weights_of = check_count("points", points, 2), check_count("weights_of", weights_of, 0)
     fig = go.Figure()
+    longest = 0
     for m in shapes:
         ctx, gb = cache_curve(m, 1, "fp16", points)
+        longest = max(longest, ctx[-1])
         fig.add_scatter(x=ctx, y=gb, mode="lines", name=m.name)
     for m in list(shapes)[:weights_of]:
-        fig.add_hline(y=weight_bytes(m) / GB, line_dash="dot", annotation_text=f"{m.name} weights (fp16)")
+        w = weight_bytes(m) / GB
+        fig.add_scatter(x=[0, longest], y=[w, w], mode="lines+text", line=dict(dash="dot", color="gray"),
+                        text=["", f"{m.name} weights (fp16)"], textposition="top left", name=f"{m.name} weights",
+                        showlegend=False)
     fig.update_layout(title="KV cache of one sequence (fp16) against context, each model to its own context",
-                      xaxis_title="tokens", yaxis_title="GB", height=420)
-    return fig
+                      xaxis_title="tokens", yaxis=dict(title="GB (log scale)", type="log"), height=420)
+    return tidy_log_axes(fig)
 
 
 __all__ = ["DECODED", "EMPTY", "PROMPT", "cache_vs_context_figure", "clear", "fill_figure", "fill_map"]

@@ -16,6 +16,7 @@ from .timing import time_fn
 from .model import GPT, GPTConfig
 from .peaks import measured_peaks
 from .presets import PRESETS
+from .progress import Steps
 from .validate import check_choice, check_count, check_device, check_dtype, check_seed
 
 # On a CPU, building a multi-billion-parameter model means minutes of random initialisation,
@@ -162,13 +163,14 @@ def clear_models(n: int | None = None) -> None:
 
 def measure_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 1, dtype: str = "fp32",
                     device="cpu", *, repeats: int = 1, peaks=None, seed: int = 0,
-                    context_length: int | None = None) -> dict:
+                    context_length: int | None = None, progress_desc: str = "") -> dict:
     """Run one real request (random prompt ids, greedy decode) and return its metrics as a plain row.
 
     With repeats > 1 the request runs that many times; TTFT and TPOT are medians and the timestamps
     come from the run with the median latency. `peaks` (peaks.measured_peaks) defaults to this
     device's measured bandwidth and FLOP/s, for MBU and MFU. `context_length` overrides the preset's
-    position table (GPT-2's 1,024 positions cannot hold 1,000 + 200 tokens).
+    position table (GPT-2's 1,024 positions cannot hold 1,000 + 200 tokens). With a `progress_desc`, a bar in
+    the notebook counts the tokens of every run as they arrive.
     """
     device = check_device("device", device)
     check_request(preset, prompt_len, new_tokens, batch, dtype, device, context_length)
@@ -178,8 +180,14 @@ def measure_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 
         g = torch.Generator().manual_seed(seed)
         ids = torch.randint(0, model.config.vocab_size, (batch, prompt_len), generator=g)
         generate(model, ids[:, :min(prompt_len, 16)], 2)            # warm this batch size up, untimed
+        bar = Steps(repeats * new_tokens if progress_desc else 0, progress_desc)
         with quiet.watch():                                         # one line if others were busy meanwhile
-            runs = [generate(model, ids, new_tokens) for _ in range(repeats)]
+            runs = []
+            for r in range(repeats):
+                bar.show(f"run {r + 1} of {repeats}: prefill of {prompt_len} tokens x batch {batch}")
+                runs.append(generate(model, ids, new_tokens,
+                                     on_token=lambda _, r=r: bar.step(f"run {r + 1} of {repeats}, decoding")))
+        bar.done()
     except (RuntimeError, MemoryError) as err:    # torch.OutOfMemoryError is a RuntimeError
         if not is_oom(err):
             raise

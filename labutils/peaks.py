@@ -19,6 +19,7 @@ import torch
 from . import quiet
 from .hardware import (_resolve, default_dtype, describe_device, measure_bandwidth, measure_matmul_flops,
                        ridge_point)
+from .progress import Steps
 from .timing import torch_threads
 
 RUNS = 3                      # each probe is already a median; the best of three ignores a run a neighbour spoiled
@@ -105,22 +106,27 @@ def _save(new: dict) -> None:
     tmp.replace(path)       # atomic: a second kernel never reads half a file
 
 
-def _measure_best(probe) -> tuple[float, quiet.Window]:
+def _measure_best(probe, what: str, bar: Steps) -> tuple[float, quiet.Window]:
     with quiet.watch() as window, torch_threads(THREADS):
-        best = max(probe() for _ in range(RUNS))
-    return best, window
+        runs = []
+        for i in range(RUNS):
+            bar.show(f"{what}, run {i + 1} of {RUNS}")
+            runs.append(probe())
+            bar.step(f"{what}, run {i + 1} of {RUNS}")
+    return max(runs), window
 
 
 _SESSION: dict[tuple[str, str], float] = {}       # what this process measured but could not save (busy machine)
 
 
 def measured_peaks(device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-                   refresh: bool = False) -> Peaks:
+                   refresh: bool = False, progress_desc: str = "") -> Peaks:
     """This machine's peaks for `device` and `dtype` (default: `default_dtype(device)`), from the cache file.
 
     A missing, stale (older than MAX_AGE_DAYS) or refreshed entry is measured: `measure_bandwidth` and
     `measure_matmul_flops`, best of RUNS runs each at torch's starting thread count, and saved unless other
-    processes were busy meanwhile. The bandwidth is one entry per device, shared by every dtype.
+    processes were busy meanwhile. The bandwidth is one entry per device, shared by every dtype. With a
+    `progress_desc`, a bar in the notebook counts the probe runs.
     """
     device = _resolve(device)
     dtype = default_dtype(device) if dtype is None else dtype
@@ -128,6 +134,9 @@ def measured_peaks(device: torch.device | str | None = None, dtype: torch.dtype 
     name = describe_device(device)
     entries = {} if refresh else _load()
     values, measured, busy = {}, [], False
+    stale = [w for w in ("copy", dtype_label) if refresh or not (_fresh(entries.get(_key(name, w)))
+                                                                 or (name, w) in _SESSION)]
+    bar = Steps(RUNS * len(stale) if progress_desc else 0, progress_desc)
     for what, probe in (("copy", lambda: measure_bandwidth(device)),
                         (dtype_label, lambda: measure_matmul_flops(dtype, device))):
         key = _key(name, what)
@@ -136,10 +145,11 @@ def measured_peaks(device: torch.device | str | None = None, dtype: torch.dtype 
         elif _fresh(entries.get(key)):
             values[what] = entries[key]
         else:
-            value, window = _measure_best(probe)
+            value, window = _measure_best(probe, "copy bandwidth" if what == "copy" else f"{what} matmul", bar)
             values[what] = {"value": value, "measured_at": time.time(), "runs": RUNS, "threads": THREADS}
             measured.append(what)
             busy |= window.busy
+    bar.done()
     if measured and not busy:
         _save({_key(name, what): values[what] for what in measured})
     for what in measured:       # keep a busy measurement for this session only, so lessons still agree with each other

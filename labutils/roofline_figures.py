@@ -5,6 +5,7 @@ import plotly.graph_objects as go
 
 from . import roofline
 from .hardware_figures import add_log_vline
+from .log_axes import log_axis
 from .request_figures import DECODE_COLOR, MEASURED_COLOR, PREFILL_COLOR
 
 INTENSITIES = [2 ** (k / 4) for k in range(-12, 57)]      # 1/8 ... 16,384 FLOP/byte, for drawing the roofs
@@ -30,22 +31,29 @@ def roofline_figure(peaks, points=(), specs=()) -> go.Figure:
                         marker=dict(color=color, symbol=symbol, size=14 if name == "selected" else 10))
     add_log_vline(fig, peaks.ridge, f"ridge {peaks.ridge:.0f} FLOP/byte")
     fig.update_layout(title="Roofline: measured passes under this machine's measured ceilings", height=440,
-                      xaxis=dict(title="arithmetic intensity (FLOP/byte)", type="log"),
-                      yaxis=dict(title="FLOP/s", type="log"), margin=dict(l=10, r=10, t=50, b=40))
+                      xaxis=log_axis(INTENSITIES, title="arithmetic intensity (FLOP/byte)"),
+                      margin=dict(l=10, r=10, t=50, b=40))
     update_points(fig, points)
     return fig
 
 
 def update_points(fig, points, selected=None) -> None:
-    """Refill the prefill, decode and selected traces from rows of measure.roofline_point."""
+    """Refill the prefill, decode and selected traces from rows of measure.roofline_point.
+
+    Labels say what the number counts ("T=32" prompt tokens, "b=32" sequences), and prefill labels sit below
+    their markers and decode labels above, so a prefill and a decode point at the same number never overlap.
+    """
     prefill, decode, sel = fig.data[-3:]
-    for trace, phase in ((prefill, "prefill"), (decode, "decode")):
+    for trace, phase, tag, where in ((prefill, "prefill", "T", "bottom center"), (decode, "decode", "b", "top center")):
         rows = sorted((p for p in points if p["phase"] == phase), key=lambda p: p["n"])
         trace.x = [p["intensity"] for p in rows]
         trace.y = [p["achieved_flops"] for p in rows]
-        trace.text = [str(p["n"]) for p in rows]
+        trace.text = [f"{tag}={p['n']}" for p in rows]
+        trace.textposition = where
     sel.x = [] if selected is None else [selected["intensity"]]
     sel.y = [] if selected is None else [selected["achieved_flops"]]
+    flops = [y for t in fig.data for y in (t.y or [])]
+    fig.update_yaxes(**log_axis(flops, title="FLOP/s"))
 
 
 def predicted_decode(cfg, batches, pos: int, dtype, peaks) -> list[float]:
@@ -64,16 +72,21 @@ def batch_figure(cfg, batches, pos: int, dtype, peaks, points=()) -> go.Figure:
     knee = roofline.knee_batch(cfg, pos, dtype, bandwidth_Bps=peaks.bandwidth_Bps, peak_flops=peaks.flops)
     add_log_vline(fig, knee, f"predicted knee {knee:.0f}")
     fig.update_layout(title="Decode throughput against batch", height=380, margin=dict(l=10, r=10, t=50, b=40),
-                      xaxis=dict(title="batch (sequences decoded together)", type="log"),
-                      yaxis=dict(title="output tokens/s", type="log"))
+                      xaxis=log_axis(batches, "pow2", title="batch (sequences decoded together)"))
+    fig.add_scatter(x=[], y=[], mode="markers", name="selected batch",
+                    marker=dict(symbol="star", size=16, color="black"))
     update_batch(fig, points)
     return fig
 
 
-def update_batch(fig, points) -> None:
+def update_batch(fig, points, selected=None) -> None:
+    """Refill the measured line (trace 1) and the selected batch's star (trace 2), and re-tick the y axis."""
     rows = sorted((p for p in points if p["phase"] == "decode"), key=lambda p: p["n"])
     fig.data[1].x = [p["n"] for p in rows]
     fig.data[1].y = [p["tokens_per_s"] for p in rows]
+    fig.data[2].x = [] if selected is None else [selected["n"]]
+    fig.data[2].y = [] if selected is None else [selected["tokens_per_s"]]
+    fig.update_yaxes(**log_axis([y for t in fig.data[:2] for y in (t.y or [])], title="output tokens/s"))
 
 
 def measured_knee(points) -> float | None:

@@ -7,7 +7,7 @@ from labutils.kv_figures import DECODED, EMPTY, PROMPT, cache_vs_context_figure,
 from labutils.kvcache import KVCache
 from labutils.model import GPT, GPTConfig
 from labutils.presets import get_shape
-from labutils.roofline import kv_cache_bytes
+from labutils.roofline import weight_bytes, kv_cache_bytes
 
 CFG = GPTConfig(vocab_size=64, context_length=32, n_layer=2, n_head=4, n_embd=16, n_kv_head=2)
 
@@ -76,7 +76,8 @@ def test_fill_figure_one_heatmap_per_snapshot(model):
 def test_cache_vs_context_each_model_to_its_own_context():
     shapes = [get_shape("llama-2-7b"), get_shape("mistral-7b")]
     fig = cache_vs_context_figure(shapes)
-    assert [t.name for t in fig.data] == ["llama-2-7b", "mistral-7b"]
+    assert [t.name for t in fig.data] == ["llama-2-7b", "mistral-7b", "llama-2-7b weights", "mistral-7b weights"]
     assert fig.data[0].x[-1] == 4096 and fig.data[1].x[-1] == 32768
     assert fig.data[1].y[-1] == pytest.approx(kv_cache_bytes("mistral-7b", 4096) / 1e9)   # flat past the window
-    assert len(fig.layout.shapes) == 2                                                  # two weight lines
+    assert fig.data[2].y[0] == pytest.approx(weight_bytes("llama-2-7b") / 1e9)           # weights, in data units
+    assert fig.layout.yaxis.type == "log" and fig.layout.yaxis.tickvals                  # log, major ticks only

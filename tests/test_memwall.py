@@ -78,8 +78,12 @@ def test_roofline_figure_traces_and_points():
             dict(phase="decode", n=1, intensity=0.5, achieved_flops=5e9)]
     fig = figs.roofline_figure(PEAKS, rows)
     prefill, decode, selected = fig.data[-3:]
-    assert list(decode.x) == [0.5, 1.0] and list(decode.text) == ["1", "2"]      # sorted by batch
+    assert list(decode.x) == [0.5, 1.0] and list(decode.text) == ["b=1", "b=2"]  # sorted by batch, named as one
+    assert list(prefill.text) == ["T=64"] and prefill.textposition != decode.textposition   # never on top
     assert list(prefill.y) == [1e11] and len(selected.x) == 0
+    ticks = fig.layout.yaxis.tickvals                 # major ticks only, 1-2-5 per decade, covering the points
+    assert ticks and min(ticks) <= 5e9 and max(ticks) >= 1e11
+    assert all(str(v)[0] in "125" for v in ticks)
     roof = fig.data[0]
     assert max(roof.y) == PEAKS.flops and roof.y[0] == pytest.approx(roof.x[0] * PEAKS.bandwidth_Bps)
     # On a log axis plotly places an annotation at log10 units: the ridge label must sit at log10(ridge).
@@ -93,6 +97,10 @@ def test_batch_figure_knee_label_sits_at_the_knee_on_the_log_axis():
     knee = roofline.knee_batch(cfg, 128, "fp32", bandwidth_Bps=PEAKS.bandwidth_Bps, peak_flops=PEAKS.flops)
     (label,) = [a for a in fig.layout.annotations if a.text.startswith("predicted knee")]
     assert label.x == pytest.approx(math.log10(knee))
+    assert list(fig.layout.xaxis.tickvals) == [1, 2, 4, 8]                     # powers of two for a batch
+    figs.update_batch(fig, [dict(phase="decode", n=b, tokens_per_s=100.0 * b) for b in (1, 2, 4)],
+                      selected=dict(n=2, tokens_per_s=200.0))
+    assert list(fig.data[2].x) == [2] and fig.data[2].marker.symbol == "star"   # the selected batch is marked
 
 
 def fake_point(preset, phase, n, dtype, device, pos=128):

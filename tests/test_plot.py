@@ -82,3 +82,14 @@ def test_every_widget_shows_what_its_figure_holds(make, monkeypatch):
         assert [list(t.x or []) for t in got.data] == [list(t.x or []) for t in p.figure.data]
         assert [list(t.y or []) for t in got.data] == [list(t.y or []) for t in p.figure.data]
         assert any(len(t.x or []) for t in got.data), "a widget's plot shows no points"
+
+
+def test_a_live_curve_grows_and_shows_every_point_when_finished(monkeypatch):
+    from labutils.widgets import live_curve
+    curve = live_curve("loss", "step", "nats")
+    monkeypatch.setattr(type(curve), "MIN_GAP_S", 3600.0)       # no redraw mid-run after the first
+    for step in range(50):
+        curve.add(step, 5.0 - step / 25)
+    assert len(shown(curve).data[0].x) == 1, "redrawn once, at the first point, then throttled"
+    curve.finish()
+    assert list(shown(curve).data[0].x) == list(range(50)) and shown(curve).data[0].y[-1] == pytest.approx(3.04)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import quiet
+from ..progress import Steps
 from ..fastgen import pick_token
 from ..roofline import kv_bytes_per_token
 from ..validate import check_choice, check_count, check_flag, check_number, model_device, model_dtype
@@ -171,12 +172,15 @@ class Engine:
                                "this is a bug in labutils.serving")
         return done
 
-    def run(self) -> list[RequestResult]:
-        """Step until every submitted request has finished; their results, by id. Idle gaps sleep until the next arrival."""
+    def run(self, on_step=None) -> list[RequestResult]:
+        """Step until every submitted request has finished; their results, by id. Idle gaps sleep until the next
+        arrival. on_step(finished) is called after each step with the requests that step finished."""
         while self.busy:
             if not (self.scheduler.waiting or self.scheduler.running) and self._t0 is not None:
                 time.sleep(max(0.0, self.next_arrival_s - self.clock()))
-            self.step()
+            done = self.step()
+            if on_step is not None:
+                on_step(done)
         return sorted(self.finished, key=lambda r: r.id)
 
     # -- internals ---------------------------------------------------------------------------------
@@ -241,18 +245,21 @@ class Engine:
                     block_bytes=self.cache.block_bytes, kv_bytes_allocated=self.cache.nbytes)
 
 
-def run_workload(engine: Engine, workload: Workload) -> tuple[list[RequestResult], float]:
+def run_workload(engine: Engine, workload: Workload, progress_desc: str = "") -> tuple[list[RequestResult], float]:
     """Submit every request of `workload`, run them, return (results in workload order, wall seconds).
 
-    Each result's id is its request's id, or its index in the workload, as a server client numbers them.
+    Each result's id is its request's id, or its index in the workload, as a server client numbers them. With a
+    `progress_desc`, a bar in the notebook counts the finished requests.
     """
     if not isinstance(workload, Workload):
         raise TypeError(f"workload must be a serving.workload.Workload, got {type(workload).__name__}")
     if engine.busy:
         raise RuntimeError("the engine is still serving an earlier workload; call run() first")
     ids = [engine.submit(r.prompt_ids, r.max_new_tokens, r.arrival_s, r.eos_id) for r in workload]
+    bar = Steps(len(ids) if progress_desc else 0, progress_desc)
     with quiet.watch():                         # one line if other processes were busy meanwhile
-        by_id = {r.id: r for r in engine.run()}
+        by_id = {r.id: r for r in engine.run(on_step=lambda done: [bar.step("requests finished") for _ in done])}
+    bar.done()
     results = [by_id[i] for i in ids]
     for index, (r, req) in enumerate(zip(results, workload)):
         r.id = index if req.id is None else req.id
@@ -270,10 +277,12 @@ class Served:
     timeline: list[dict]
 
 
-def serve(model, workload: Workload, max_batch_size: int, *, slo=None, **engine_options) -> Served:
-    """Serve `workload` on a new Engine(model, max_batch_size, **engine_options): the lessons' and the dashboard's one call."""
+def serve(model, workload: Workload, max_batch_size: int, *, slo=None, progress_desc: str = "",
+          **engine_options) -> Served:
+    """Serve `workload` on a new Engine(model, max_batch_size, **engine_options): the lessons' and the dashboard's
+    one call. `progress_desc` shows a bar of finished requests in a notebook."""
     engine = Engine(model, max_batch_size, **engine_options)
-    results, wall_s = run_workload(engine, workload)
+    results, wall_s = run_workload(engine, workload, progress_desc)
     return Served(results, wall_s, summarize(results, wall_s, slo), engine.stats, engine.timeline)
 
 

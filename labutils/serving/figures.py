@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from ..log_axes import log_axis
+
 QUEUED, PREFILL, DECODE = "#c7c7c7", "#ff7f0e", "#1f77b4"
 PHASES = (("queued", QUEUED), ("prefill", PREFILL), ("decode", DECODE))
 
@@ -57,8 +59,9 @@ def batch_figure(rows, predicted=None, title: str = "Decode throughput against b
     if predicted:
         fig.add_scatter(x=[b for b, _ in predicted], y=[t for _, t in predicted], mode="lines", name="roofline bound",
                         line=dict(dash="dot", color="black"))
-    fig.update_layout(title=title, xaxis=dict(type="log", title="batch size"),
-                      yaxis=dict(type="log", title="tokens/s (log scale)"), height=380)
+    ys = [y for t in fig.data for y in (t.y or [])]
+    fig.update_layout(title=title, xaxis=log_axis([r["batch"] for r in rows], "pow2", title="batch size"),
+                      yaxis=log_axis(ys, title="tokens/s (log scale)"), height=380)
     return fig
 
 

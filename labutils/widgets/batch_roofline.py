@@ -57,7 +57,7 @@ class BatchRoofline(w.VBox):
             row = self.points[("decode", batch)]
             rows = list(self.points.values())
             figs.update_points(self.fig_roof.figure, rows, row)
-            figs.update_batch(self.fig_batch.figure, rows)
+            figs.update_batch(self.fig_batch.figure, rows, row)
             self.fig_roof.redraw()
             self.fig_batch.redraw()
             side = "below" if row["intensity"] < self.peaks.ridge else "above"

@@ -13,6 +13,7 @@ static figures. The cost is resending a few kilobytes of JSON per change; none o
 from __future__ import annotations
 
 import json
+import time
 
 import ipywidgets as w
 import plotly.graph_objects as go
@@ -48,3 +49,35 @@ class Plot(w.Output):
         """Show another figure (a new Gantt, say), keeping the widget in its place."""
         self.figure = figure
         self.redraw()
+
+
+class LiveCurve(Plot):
+    """A line that grows while something runs: `curve.add(x, y)` fits train(progress=...), for a loss per step.
+
+    Redraws at most a few times a second (each redraw resends the line) and always once more at `finish()`.
+    """
+
+    MIN_GAP_S = 0.25
+
+    def __init__(self, title: str, xaxis_title: str, yaxis_title: str, name: str = "", height: int = 350):
+        super().__init__(go.Figure(go.Scatter(x=[], y=[], mode="lines", name=name),
+                                   layout=dict(title=title, xaxis_title=xaxis_title, yaxis_title=yaxis_title,
+                                               height=height)))
+        self.xs, self.ys, self._drawn_at = [], [], 0.0
+
+    def add(self, x: float, y: float) -> None:
+        self.xs.append(x)
+        self.ys.append(y)
+        now = time.perf_counter()
+        if now - self._drawn_at > self.MIN_GAP_S:
+            self._drawn_at = now
+            self.finish()
+
+    def finish(self) -> None:
+        self.figure.data[0].update(x=list(self.xs), y=list(self.ys))
+        self.redraw()
+
+
+def live_curve(title: str, xaxis_title: str, yaxis_title: str, **kwargs) -> LiveCurve:
+    """A LiveCurve to display, then feed with curve.add(x, y) and end with curve.finish()."""
+    return LiveCurve(title, xaxis_title, yaxis_title, **kwargs)
