@@ -102,3 +102,17 @@ def section_cells(path: Path, fragment: str | None) -> list[dict]:
                 out.append(nxt)
             return out
     return []
+
+
+def run_seconds(path: Path) -> float:
+    """Seconds the stored outputs took to compute: the sum of each code cell's execution time (nbclient's
+    iopub.execute_input to shell.execute_reply), as `make notebooks` recorded it on a quiet machine."""
+    from datetime import datetime
+    total = 0.0
+    for c in json.loads(Path(path).read_text(encoding="utf-8"))["cells"]:
+        e = c.get("metadata", {}).get("execution", {})
+        if "iopub.execute_input" in e and "shell.execute_reply" in e:
+            start, end = (datetime.fromisoformat(e[k].replace("Z", "+00:00"))
+                          for k in ("iopub.execute_input", "shell.execute_reply"))
+            total += (end - start).total_seconds()
+    return total

@@ -148,3 +148,18 @@ def test_the_readme_shows_the_committed_workflow():
     workflow = (ROOT / ".github" / "workflows" / "test.yml").read_text(encoding="utf-8").rstrip("\n")
     assert f"```yaml\n{workflow}\n```" in README, "README's For instructors block differs from .github/workflows/test.yml"
     assert ".ci/run" in workflow and "3.12" in workflow
+
+
+def test_the_course_map_gives_each_lessons_quiet_machine_run_time():
+    from notebook_links import run_seconds
+    body = section(README, "## Course map")
+    rows = [r for r in table_rows(body)]
+    assert len(rows) == len(list(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")))
+    for row in rows:
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        number, shown = cells[0], cells[-1]
+        m = re.fullmatch(r"(\d+) s", shown)
+        assert m, f"lesson {number}: the last column must read like '35 s', got {shown!r}"
+        stored = run_seconds(next(NOTEBOOKS.glob(f"{number}_*.ipynb")))
+        assert abs(int(m.group(1)) - stored) <= max(5, 0.25 * stored), \
+            f"lesson {number}: the README says {shown}, its stored outputs took {stored:.0f} s; update the course map"
