@@ -31,19 +31,26 @@ roofline.decode_bytes. Greedy tokens equal generate()'s (tests/test_fastgen.py).
 """
 from __future__ import annotations
 
+import itertools
 import time
+import types
 import warnings
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
+from . import fake_cuda
 from .generate import GenerationResult, check_request, check_sampling, sampling_probs
 from .kvcache import KVCache
 from .static_cache import StaticKVCache
 from .validate import check_seed
 
 MODES = ("auto", "eager", "graph", "compile")
+# Steps run before a capture or a compile (lazy init, workspaces; for reduce-overhead: compile, record, replay). Each
+# writes the next cache position from 0, so a cache of max_len positions allows at most max_len of them: a third step
+# into a 2-position cache wrote out of bounds, which on CUDA is a device-side assert that kills the context.
+WARMUP_STEPS = 3
 CACHES = ("static", "growing")
 # Lesson 08's ladder, after generate() itself: fast_generate(model, ids, n, **STAGES[name]).
 STAGES = {
@@ -60,6 +67,7 @@ class FastGenerationResult(GenerationResult):
     mode: str = "eager"             # the step runner that actually ran: eager, graph or compile
     setup_s: float = 0.0            # cache allocation + capture/compile, before the request's clock started
     fallback: str | None = None     # why the requested mode did not run, or None
+    graph_bytes: int | None = None  # device memory the capture or compile kept (CUDA), None elsewhere
 
 
 def pick_token(logits: torch.Tensor, noise: torch.Tensor | None, temperature: float = 0.0,
@@ -96,6 +104,22 @@ def _unavailable(mode: str, device: torch.device, cache: str) -> str | None:
     return None
 
 
+_POOL = None
+
+
+def _graph_pool():
+    """One memory pool for every captured step, as vLLM and nano-vllm keep one: graphs of several batch sizes then
+    share their intermediate buffers instead of each holding its own."""
+    global _POOL
+    if _POOL is None:
+        _POOL = torch.cuda.graph_pool_handle()
+    return _POOL
+
+
+def _device_bytes(device: torch.device) -> int | None:
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" and not fake_cuda.active() else None
+
+
 class FastDecoder:
     """One cache and one decode-step runner for requests of a fixed batch size, up to max_len positions.
 
@@ -111,7 +135,7 @@ class FastDecoder:
         _check_choice("mode", mode, MODES)
         _check_choice("cache", cache, CACHES)
         check_sampling(temperature, top_k, top_p)
-        self.model = model
+        self.model, self.graph_bytes = model, None
         param = next(model.parameters())
         self.device, cfg = param.device, model.config
         max_len = cfg.context_length if max_len is None else max_len
@@ -130,10 +154,13 @@ class FastDecoder:
         self.fallback = _unavailable(mode, self.device, cache)
         self.mode = "eager" if self.fallback else mode
         self._run: Callable[[], None] = self.step
+        before = _device_bytes(self.device)
         if self.mode == "graph":
             self._try(self._capture_graph, "CUDA graph capture")
         elif self.mode == "compile":
             self._try(self._compile, "torch.compile")
+        if before is not None and self.mode != "eager":
+            self.graph_bytes = _device_bytes(self.device) - before
         if self.fallback:
             warnings.warn(f"fast decode: {self.fallback}", RuntimeWarning, stacklevel=3)
         self._reset()
@@ -160,12 +187,11 @@ class FastDecoder:
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            for _ in range(3):            # warm-up off the capture: lazy init, workspace allocation
-                self.step()
+            self._warm_up(self.step)      # off the capture: lazy init, workspace allocation
         torch.cuda.current_stream(self.device).wait_stream(side)
         self._reset()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, pool=_graph_pool()):
             self.step()                   # recorded, not run: the cache and position stay untouched
         self._graph = graph               # keep the graph (and its memory pool) alive
         return graph.replay
@@ -175,11 +201,16 @@ class FastDecoder:
         c = self.cache                    # a StaticKVCache: _unavailable() refuses compile with a growing one
         for t in (c.k, c.v, c.pos, c._key_pos, self.token, *([self.noise] if self.noise is not None else [])):
             torch._dynamo.mark_static_address(t)   # fixed buffers: no copy into the graph's inputs per call
-        compiled = torch.compile(self.step, mode="reduce-overhead", fullgraph=True, dynamic=False)
-        for _ in range(3):                # compile, record, replay once: all before the request starts
-            compiled()
+        compiled = torch.compile(fresh_function(self.step, "fast_decoder_step"), mode="reduce-overhead",
+                                 fullgraph=True, dynamic=False)
+        self._warm_up(compiled)           # compile, record, replay once: all before the request starts
         self._reset()
         return compiled
+
+    def _warm_up(self, run: Callable[[], None]) -> None:
+        """WARMUP_STEPS calls of `run`, never more than the cache has positions (see WARMUP_STEPS)."""
+        for _ in range(min(WARMUP_STEPS, self.max_len)):
+            run()
 
     def _reset(self) -> None:
         self.cache.reset()
@@ -213,12 +244,11 @@ class FastDecoder:
         cuda = self.device.type == "cuda"
         gen = None
         if seed is not None and self.noise is not None:
-            gen = torch.Generator(device=self.device).manual_seed(seed)
-        host = torch.empty((n, B), dtype=torch.long, pin_memory=cuda)   # row i: step i's tokens
+            gen = fake_cuda.generator(self.device, seed)
+        host = torch.empty((n, B), dtype=torch.long, pin_memory=fake_cuda.pin_memory(cuda))   # row i: step i's
         if cuda:
-            start, events = torch.cuda.Event(enable_timing=True), [torch.cuda.Event(enable_timing=True)
-                                                                   for _ in range(n)]
-            torch.cuda.synchronize(self.device)   # the GPU starts idle, so its clock and the host's agree
+            start, events = fake_cuda.event(), [fake_cuda.event() for _ in range(n)]
+            fake_cuda.synchronize(self.device)    # the GPU starts idle, so its clock and the host's agree
 
         t0 = time.perf_counter()
         stamps: list[float] = []
@@ -262,7 +292,7 @@ class FastDecoder:
             stamps = [offset + start.elapsed_time(events[i]) / 1e3 for i in range(n)]
         tokens = host.t().contiguous()
         return FastGenerationResult(tokens, stamps, T, mode=self.mode, setup_s=self.setup_s,
-                                    fallback=self.fallback)
+                                    fallback=self.fallback, graph_bytes=self.graph_bytes)
 
 
 @torch.no_grad()
@@ -283,6 +313,23 @@ def column_major_weights(model):
                 seen[id(w)] = torch.nn.Parameter(w.t().contiguous().t(), requires_grad=w.requires_grad)
             module.weight = seen[id(w)]
     return model
+
+
+_FRESH = itertools.count()
+
+
+def fresh_function(fn: Callable[[], object], name: str) -> Callable[[], object]:
+    """A new function that calls fn(), with a code object of its own.
+
+    dynamo keeps compiled graphs per code object, guarded by what the frame reads. Every FastDecoder's step is the
+    same method, so compiling `decoder.step` for a second decoder guarded against the first one's tensors and
+    recompiled, and the ninth decoder hit the recompile limit and ran eager. A code object per compile keeps each
+    decoder's graph, and each check, apart.
+    """
+    def call():
+        return fn()
+    code = call.__code__.replace(co_name=f"{name}_{next(_FRESH)}")
+    return types.FunctionType(code, call.__globals__, code.co_name, None, call.__closure__)
 
 
 _HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__")
@@ -312,14 +359,13 @@ def check_graph_ready(step: Callable[[], object], steps: int = 4) -> None:
     tests/test_fastgen.py comparing the graph path's tokens with eager's there, check the rest.
     """
     import torch._dynamo
-    torch._dynamo.reset()
-    traced = torch.compile(step, fullgraph=True, dynamic=False, backend=_eager_without_host_reads)
-    try:
-        with torch.inference_mode(), torch._dynamo.config.patch(error_on_recompile=True):
-            for _ in range(steps):
-                traced()
-    finally:
-        torch._dynamo.reset()
+    # A function of its own, so no torch._dynamo.reset(): a reset would throw away every compiled decoder in the
+    # process (each later call of theirs then compiles again, or, past the recompile limit, silently runs eager).
+    traced = torch.compile(fresh_function(step, "check_graph_ready"), fullgraph=True, dynamic=False,
+                           backend=_eager_without_host_reads)
+    with torch.inference_mode(), torch._dynamo.config.patch(error_on_recompile=True):
+        for _ in range(steps):
+            traced()
 
 
 def fast_generate(model, ids, max_new_tokens: int, *, temperature: float = 0.0, top_k: int | None = None,
@@ -337,11 +383,50 @@ def fast_generate(model, ids, max_new_tokens: int, *, temperature: float = 0.0, 
     _check_choice("mode", mode, MODES)
     _check_choice("cache", cache, CACHES)
     ids = check_request(model, ids, max_new_tokens, temperature, top_k, top_p)   # before any allocation
-    decoder = FastDecoder(model, ids.shape[0], ids.shape[1] + int(max_new_tokens), mode=mode, cache=cache,
-                          temperature=temperature, top_k=top_k, top_p=top_p)
-    return decoder.generate(ids, max_new_tokens, seed=seed, on_token=on_token)
+    B, need = ids.shape[0], ids.shape[1] + int(max_new_tokens)
+    device = next(model.parameters()).device
+    if mode == "auto":
+        mode = "graph" if device.type == "cuda" and cache == "static" else "eager"
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    if mode == "eager":                   # cheap to build: one per call, at exactly this shape
+        decoder = FastDecoder(model, B, need, mode=mode, cache=cache, **sampling)
+        return decoder.generate(ids, max_new_tokens, seed=seed, on_token=on_token)
+    # A captured or compiled decoder is costly to make: keep it, at bucketed shapes, for the next request.
+    decoder = decoder_for(model, B, need, mode=mode, cache=cache, **sampling)
+    if decoder.batch_size > B:            # pad the batch up to its bucket with copies of the first prompt
+        ids = torch.cat([ids, ids[:1].expand(decoder.batch_size - B, -1)])
+    inner = None if on_token is None else (lambda tokens: on_token(tokens[:B]))
+    result = decoder.generate(ids, max_new_tokens, seed=seed, on_token=inner)
+    result.tokens = result.tokens[:B]
+    return result
 
 
-__all__ = ["CACHES", "MODES", "STAGES", "FastDecoder", "FastGenerationResult", "check_graph_ready", "column_major_weights",
-           "decode_one",
-           "fast_generate", "pick_token"]
+MAX_DECODERS = 4          # captured decoders kept by decoder_for: each holds a cache (and a graph) in device memory
+_DECODERS: "dict[tuple, FastDecoder]" = {}
+
+
+def bucket(n: int, smallest: int = 1) -> int:
+    """The power of two at or above n (and at least `smallest`): the shapes graphs are captured at."""
+    return max(smallest, 1 << max(0, int(n) - 1).bit_length())
+
+
+def decoder_for(model, batch: int, max_len: int, *, mode: str, cache: str = "static", temperature: float = 0.0,
+                top_k: int | None = None, top_p: float | None = None) -> FastDecoder:
+    """A FastDecoder for at least `batch` sequences of `max_len` positions, from a small cache keyed by
+    (model, batch bucket, max_len bucket, dtype, mode, sampling): a shape seen before is never captured or
+    compiled again. Batches round up to 1, 2, 4, 8, ...; lengths to a power of two from 64, within the context."""
+    param = next(model.parameters())
+    length = min(bucket(max_len, 64), model.config.context_length)
+    key = (id(model), bucket(batch), length, param.dtype, param.device, mode, cache, temperature, top_k, top_p)
+    if key in _DECODERS:
+        _DECODERS[key] = _DECODERS.pop(key)          # most recently used last
+        return _DECODERS[key]
+    while len(_DECODERS) >= MAX_DECODERS:
+        _DECODERS.pop(next(iter(_DECODERS)))
+    _DECODERS[key] = FastDecoder(model, bucket(batch), length, mode=mode, cache=cache, temperature=temperature,
+                                 top_k=top_k, top_p=top_p)
+    return _DECODERS[key]
+
+
+__all__ = ["CACHES", "MODES", "STAGES", "FastDecoder", "FastGenerationResult", "bucket", "check_graph_ready",
+           "column_major_weights", "decode_one", "decoder_for", "fast_generate", "fresh_function", "pick_token"]

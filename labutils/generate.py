@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import timing
+from . import fake_cuda, timing
 from .kvcache import KVCache
 from .validate import (check_cache, check_count, check_flag, check_number, check_probability, check_seed,
                        check_temperature, describe, model_device, model_dtype)
@@ -50,7 +50,7 @@ def check_logits(logits) -> None:
     if not logits.is_floating_point():
         raise TypeError(f"logits must be a float tensor [batch, vocab], got dtype {logits.dtype}; "
                         "pass the model's output, or logits.float()")
-    if logits.numel() == 0:
+    if logits.numel() == 0 or fake_cuda.is_fake(logits):     # a fake tensor (labutils.fake_cuda) has no values
         return
     bad = torch.isnan(logits).any() | torch.isposinf(logits).any() | torch.isneginf(logits).all(dim=-1).any()
     if bool(bad):
@@ -218,9 +218,7 @@ def generate(model, ids, max_new_tokens: int, *, use_cache: bool = True, tempera
     T, max_new_tokens = ids.shape[1], int(max_new_tokens)
     use_cache = check_flag("use_cache", use_cache)
     seed = None if seed is None else check_seed(seed)
-    generator = None
-    if seed is not None:
-        generator = torch.Generator(device=device).manual_seed(seed)
+    generator = fake_cuda.generator(device, seed)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, generator=generator)
 
     tokens, stamps = [], []

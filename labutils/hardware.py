@@ -13,6 +13,7 @@ from typing import Callable, TypeVar
 
 import torch
 
+from . import fake_cuda
 from .timing import time_fn
 from .validate import check_count, check_device, check_positive, device_available
 
@@ -32,7 +33,7 @@ def _resolve(device: torch.device | str | None) -> torch.device:
     device = pick_device() if device is None else check_device("device", device)
     if device.type == "cuda" and device.index is None:
         # "cuda" and "cuda:0" must share one cache entry in measured_peaks.
-        device = torch.device("cuda", torch.cuda.current_device())
+        device = torch.device("cuda", 0 if fake_cuda.active() else torch.cuda.current_device())
     return device
 
 
@@ -127,7 +128,7 @@ def free_memory_bytes(device: torch.device | str | None = None) -> int | None:
     """Bytes we could still allocate on `device`, or None where the platform does not say."""
     device = _resolve(device)
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
+        return None if fake_cuda.active() else torch.cuda.mem_get_info(device)[0]
     if device.type == "mps":
         try:
             return int(torch.mps.recommended_max_memory() - torch.mps.driver_allocated_memory())

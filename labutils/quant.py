@@ -12,9 +12,15 @@ bytes directly. Measured on the course's 2-core CI CPU (torch 2.13, one 3072 x 7
 - Dequantize-then-matmul in eager mode writes a float copy of the weight first, then reads it:
   more bytes than the float layer it replaces, so int8 loses.
 - `_weight_int8pack_mm` handles one row of x at a time (its time grows with the rows), so above a
-  handful of rows (prefill) a bf16 GEMM over the dequantized weight wins again.
+  handful of rows (prefill) a bf16 GEMM over the dequantized weight would be faster.
 
-Which kernel runs is decided in one place, `int8_path()`.
+Which kernel a layer runs is decided once per layer, when it is quantized (`int8_path()`), never per call. A kernel
+chosen by row count gave a batch of 16 (a GEMM) other rounding than the same request alone (the GEMV), so an
+engine's tokens and a speculative verify pass's differed from solo generate()'s. With one kernel per model, and the
+CPU's GEMV computing each row on its own, a row's result does not depend on the rows beside it: batched, solo and
+verify passes agree. Prefill pays for that on a CPU (its time grows with the prompt). On CUDA the layer runs
+gpt-fast's dequantize-matmul under torch.compile, which fuses the cast into the matmul so only the int8 bytes are
+read; eager, that form writes and reads a float copy of the weight, slower than a plain 16-bit layer.
 """
 from __future__ import annotations
 
@@ -32,11 +38,11 @@ from .validate import check_count
 # Model dtypes Int8Linear can serve, per device type. The CPU kernel computes in bf16 either way;
 # fp16 activations take its untuned path there, so an fp16 model must be cast to fp32 or bf16 first.
 SUPPORTED = {"cpu": (torch.float32, torch.bfloat16),
-             "cuda": (torch.float32, torch.bfloat16, torch.float16)}
-# Above this many rows of x, _weight_int8pack_mm (one pass over the weight per row) loses to one bf16
-# GEMM over the dequantized weight. In one run on the machine above the two met between 8 and 16
-# rows of a 3072 x 768 weight; decode (batch 1-8) stays on the int8 kernel, prefill goes to the GEMM.
-GEMV_MAX_ROWS = 8
+             "cuda": (torch.float32, torch.bfloat16, torch.float16),
+             "mps": (torch.float32, torch.float16)}
+# Why a device runs the slow form, for the one line quantize_ and int8_path report.
+FALLBACK = {"mps": "on Apple GPUs (mps) torch has no int8 matmul kernel: each layer dequantizes its weight per call "
+                   "(a quarter of the bytes stored, not fewer read)"}
 # The CPU int8 kernel walks each weight row in full SIMD vectors (16 floats on AVX-512, 8 on AVX2
 # and NEON) with no tail loop: an n_in that is not a multiple reads past the row (NaN or a crash).
 PACK_N_IN_MULTIPLE = 16
@@ -123,27 +129,44 @@ def _dequant_bf16(x, q, scales, bias=None):
 def _dequant(x, q, scales, bias=None):
     # gpt-fast's form. Eager, the cast writes a float weight before the matmul reads it; under
     # torch.compile inductor fuses the cast into the matmul, so only the int8 bytes are read.
+    # In fp16 the scale comes first: x @ q.T sums products of up to 127 x |x|, which overflows fp16's 65,504 for
+    # large activations long before x @ (q * s).T does (the weights' own range).
+    if x.dtype == torch.float16:
+        return _finish(F.linear(x, q.to(x.dtype) * scales.to(x.dtype)[:, None]), x, bias)
     return _finish(F.linear(x, q.to(x.dtype)) * scales.to(x.dtype), x, bias)
 
 
+_COMPILED: dict[str, Callable] = {}
+
+
+def _compiled_dequant(x, q, scales, bias=None):
+    # CUDA: the dequantize-matmul where it is fast, fused by torch.compile (compiled once, on first use).
+    if "dequant" not in _COMPILED:
+        _COMPILED["dequant"] = torch.compile(_dequant, dynamic=True)
+    return _COMPILED["dequant"](x, q, scales, bias)
+
+
 KERNELS: dict[str, Callable] = {"int8pack_bf16": _int8pack_bf16, "int8pack": _int8pack,
-                                "dequant_bf16": _dequant_bf16, "dequant": _dequant}
+                                "dequant_bf16": _dequant_bf16, "dequant": _dequant,
+                                "dequant_compiled": _compiled_dequant}
 
 
-def int8_path(device, rows: int, n_in: int) -> str:
-    """The KERNELS entry Int8Linear uses for `rows` rows of x with `n_in` features on `device`.
+def int8_path(device, n_in: int) -> str:
+    """The KERNELS entry an Int8Linear with `n_in` features on `device` runs, for every call (see the module doc).
 
-    CPU: the int8 GEMV (bf16 in, bf16 scales) for decode-sized batches whose n_in the kernel can
-    walk; otherwise the bf16 dequantize-GEMM. CUDA: gpt-fast's dequantize-matmul, which is what
-    torch.compile fuses. (torch's CUDA _weight_int8pack_mm converts x to fp32 and computes each output
-    on plain CUDA cores, no tensor cores; `int8_paths(device="cuda")` measures it beside the others.)
+    CPU: the int8 GEMV (bf16 in, bf16 scales) where the kernel can walk n_in, else the bf16 dequantize-GEMM.
+    CUDA: gpt-fast's dequantize-matmul under torch.compile (eager inside labutils.fake_cuda, which cannot compile).
+    (torch's CUDA _weight_int8pack_mm converts x to fp32 and computes each output on plain CUDA cores, no tensor
+    cores; `int8_paths(device="cuda")` measures it beside the others.) mps: the dequantize-matmul, eager
+    (FALLBACK says why).
     """
+    from . import fake_cuda
     kind = torch.device(device).type
     if kind == "cpu":
-        if rows <= GEMV_MAX_ROWS and n_in % PACK_N_IN_MULTIPLE == 0:
-            return "int8pack_bf16"
-        return "dequant_bf16"
+        return "int8pack_bf16" if n_in % PACK_N_IN_MULTIPLE == 0 else "dequant_bf16"
     if kind == "cuda":
+        return "dequant" if fake_cuda.active() else "dequant_compiled"
+    if kind == "mps":
         return "dequant"
     raise ValueError(f"int8 weights run on {list(SUPPORTED)}, not {kind!r}")
 
@@ -163,6 +186,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight", weight)
         self.register_buffer("scales", scales)
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        self.kernel = int8_path(weight.device, self.in_features)      # one kernel for every call of this layer
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
@@ -173,12 +197,18 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)
-        y = KERNELS[int8_path(x.device, x2.shape[0], self.in_features)](x2, self.weight, self.scales, self.bias)
+        y = KERNELS[self.kernel](x2, self.weight, self.scales, self.bias)
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, scales={_dtype_name(self.scales.dtype)}")
+                f"bias={self.bias is not None}, scales={_dtype_name(self.scales.dtype)}, kernel={self.kernel}")
+
+    def _apply(self, fn, recurse=True):
+        # model.to(device) moves the tensors; the kernel must follow the device it now runs on.
+        out = super()._apply(fn, recurse)
+        self.kernel = int8_path(self.weight.device, self.in_features)
+        return out
 
 
 class Int8Embedding(nn.Module):
@@ -230,6 +260,9 @@ def quantize_(model: nn.Module) -> nn.Module:
         raise ValueError(f"{type(model).__name__} has no nn.Linear layers to quantize")
     for _, _, lin in linears:       # check them all before changing any
         check_supported(lin.weight.device, lin.weight.dtype)
+    why = FALLBACK.get(linears[0][2].weight.device.type)
+    if why:
+        print(f"quantize_: {why}")
     swapped: dict[int, Int8Linear] = {}        # id(float weight) -> the Int8Linear that replaced it
     for parent, name, lin in linears:
         if id(lin.weight) not in swapped:
@@ -333,6 +366,6 @@ def compare(model: nn.Module, tokens: torch.Tensor | None = None, *, new_tokens:
             "heldout_loss": heldout_loss(model, tokens), "int8_heldout_loss": heldout_loss(int8, tokens)}
 
 
-__all__ = ["GEMV_MAX_ROWS", "Int8Embedding", "Int8Linear", "KERNELS", "SUPPORTED", "check_supported", "compare",
+__all__ = ["FALLBACK", "Int8Embedding", "Int8Linear", "KERNELS", "SUPPORTED", "check_supported", "compare",
            "dequantize", "int8_path", "int8_paths", "is_quantized", "quantize_", "quantize_per_channel",
            "scale_dtype"]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import timing
+from . import fake_cuda, timing
 from .generate import GenerationResult, as_batch, check_sampling, sampling_probs
 from .kvcache import KVCache, check_count
 
@@ -170,6 +170,12 @@ def propose(draft, cache: KVCache, seq: list[int], k: int, sampling: dict, gener
     return torch.cat(tokens), (None if greedy else torch.cat(qs))
 
 
+def verify(target, cache: KVCache, last: torch.Tensor, proposal: torch.Tensor) -> torch.Tensor:
+    """The verify pass: the target's logits at all m + 1 positions of [last token, m proposals], in one forward
+    that writes their keys and values into `cache` ([m + 1, vocab], on the device)."""
+    return target(torch.cat([last, proposal])[None], cache, check=False)[0]
+
+
 @torch.inference_mode()
 def speculative_generate(target, draft, ids, max_new_tokens: int, *, k: int = 4, temperature: float = 0.0,
                          top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
@@ -203,7 +209,7 @@ def speculative_generate(target, draft, ids, max_new_tokens: int, *, k: int = 4,
     check_draft(target, draft, needed)
     target.check_ids(ids)
     lookup = isinstance(draft, str)
-    generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
+    generator = fake_cuda.generator(device, seed)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
 
     # Both caches hold every token of seq but the last; the last is fed with the next proposals.
@@ -231,8 +237,7 @@ def speculative_generate(target, draft, ids, max_new_tokens: int, *, k: int = 4,
             proposal, q = propose(draft, d_cache, seq, m, sampling, generator, device)
         m = proposal.shape[0]
         n = len(seq)
-        verify_ids = torch.cat([torch.tensor([seq[-1]], device=device), proposal])[None]
-        logits = target(verify_ids, t_cache, check=False)[0]             # all m + 1 positions
+        logits = verify(target, t_cache, torch.tensor([seq[-1]], device=device), proposal)
         if temperature == 0:
             a, tok = accept_greedy(logits, proposal)
         else:

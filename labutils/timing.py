@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from . import quiet
+from . import fake_cuda, quiet
 from .validate import check_count, check_device, check_timestamps, describe
 
 
@@ -34,6 +34,8 @@ def torch_threads(n: int | None):
 def synchronize(device: torch.device | str | None = None) -> None:
     """Wait until queued device work is done, so a host clock reading means something."""
     kind = torch.device(device).type if device is not None else None
+    if fake_cuda.active():                  # shapes only: there is no device to wait for
+        return
     if kind == "cuda" or (kind is None and torch.cuda.is_available()):
         torch.cuda.synchronize()
     elif kind == "mps":

@@ -17,7 +17,7 @@ import numbers
 import numpy as np
 import torch
 
-from . import dtypes
+from . import dtypes, fake_cuda
 
 _MAX_REPR = 80
 
@@ -175,9 +175,12 @@ class DoesNotFitError(ValueError, MemoryError):
 
 
 def device_available(kind: str) -> bool:
-    """Whether this machine and this build of torch can run on a device kind ("cpu", "cuda", "mps")."""
+    """Whether this machine and this build of torch can run on a device kind ("cpu", "cuda", "mps").
+
+    Inside labutils.fake_cuda.fake_cuda() CUDA is pretended (tensors there have no values), and only there.
+    """
     if kind == "cuda":
-        return torch.cuda.is_available()
+        return torch.cuda.is_available() or fake_cuda.active()
     if kind == "mps":
         return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
     return kind == "cpu"
@@ -206,7 +209,8 @@ def check_device(name: str, value, kinds=DEVICE_KINDS) -> torch.device:
                else "this machine has no Apple GPU" if device.type == "mps" else "")
         raise DeviceUnavailableError(f"{name} {value!r} is not available on this machine ({why}); use 'cpu', "
                                      "or pick_device() to fall back to the best one there is")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+    if (device.type == "cuda" and device.index is not None and not fake_cuda.active()
+            and device.index >= torch.cuda.device_count()):
         raise DeviceUnavailableError(f"{name} {value!r} is not available: this machine has "
                                      f"{torch.cuda.device_count()} CUDA device(s); use 'cuda:0'")
     return device
@@ -224,7 +228,10 @@ def check_token_ids(name: str, ids, vocab_size: int, context_length: int | None 
     if ids.dim() != 2 or ids.shape[1] == 0 or ids.shape[0] == 0:
         raise ValueError(f"{name} must have shape [batch, seq] with batch, seq >= 1, got {tuple(ids.shape)}; "
                          "for one sequence use ids[None]")
-    lo, hi = int(ids.min()), int(ids.max())
+    if fake_cuda.is_fake(ids):          # shapes only: a fake tensor has no ids to read
+        lo, hi = 0, 0
+    else:
+        lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= vocab_size:
         raise ValueError(f"{name} holds token id {hi if hi >= vocab_size else lo}, outside the vocab of size "
                          f"{vocab_size} (ids 0..{vocab_size - 1}); encode with the tokenizer that matches this model")

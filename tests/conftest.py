@@ -26,6 +26,7 @@ def pytest_terminal_summary(terminalreporter):
     """After a run that included the fuzz suite, say how many examples each target got (issue 10 asks for it)."""
     import sys
     _claims_summary(terminalreporter)
+    _fake_cuda_summary(terminalreporter)
     fuzz = sys.modules.get("test_fuzz")
     if fuzz is None or not fuzz.EXAMPLES:
         return
@@ -54,3 +55,14 @@ def _claims_summary(terminalreporter):
     total = {k: sum(c[k] for c in stored.COUNTS.values()) for k in next(iter(stored.COUNTS.values()))}
     terminalreporter.write_line(f"{total['[holds]']:4d} {total['[does not hold here]']:4d} "
                                 f"{total['[not expected here]']:4d}  in all")
+
+
+def _fake_cuda_summary(terminalreporter):
+    """After the fake-CUDA harness ran, the GPU paths it traced (issue 18 asks for the list)."""
+    import sys
+    harness = sys.modules.get("test_fake_cuda")
+    if harness is None or not harness.TRACED:
+        return
+    terminalreporter.section("fake-CUDA paths traced (devices and dtypes checked, no values)")
+    for line in sorted(harness.TRACED):
+        terminalreporter.write_line(f"  {line}")

@@ -379,3 +379,82 @@ def test_column_major_weights_keep_values_ties_and_tokens():
         assert torch.equal(w, before[name]), name
     assert model.blocks[0].attn.qkv.weight.t().is_contiguous()
     assert torch.equal(fast_generate(model, ids, 30).tokens, want)
+
+
+# ---- issue 18's bugs: each test failed before its fix ------------------------------------------------------------
+
+def eager_compile(calls):
+    """torch.compile's stand-in on a CPU test: count the compiles, run the step eagerly (no inductor, no graphs)."""
+    def compile_(fn, **kwargs):
+        calls.append(kwargs.get("mode"))
+        return fn
+    return compile_
+
+
+def test_the_warm_up_stays_inside_a_two_position_cache(monkeypatch):
+    # fast_generate(model, [tok], 1) sizes the cache to 2 positions; three warm-up steps wrote position 2,
+    # an IndexError on a CPU and a device-side assert (a dead CUDA context) on a GPU.
+    calls = []
+    monkeypatch.setattr(torch, "compile", eager_compile(calls))
+    model = make_model()
+    dec = FastDecoder(model, 1, 2, mode="compile")
+    assert dec.mode == "compile" and dec.fallback is None, dec.fallback
+    one = torch.tensor([[3]])                                   # fast_generate(model, [tok], 1): max_len 2
+    got = dec.generate(one, 1)
+    assert torch.equal(got.tokens, generate(model, one, 1).tokens)
+
+
+def test_compile_is_paid_once_per_shape_bucket_not_once_per_request(monkeypatch):
+    # Each fast_generate built a new max_len = T + n: a new compile per call, and past dynamo's recompile limit
+    # the loop turned eager with a note nobody read.
+    calls = []
+    monkeypatch.setattr(torch, "compile", eager_compile(calls))
+    monkeypatch.setattr(fastgen, "_DECODERS", {})
+    model = make_model()
+    results = [fast_generate(model, prompt(1, T), 4, mode="compile") for T in range(3, 12)]
+    assert all(r.mode == "compile" and r.fallback is None for r in results)
+    assert len(calls) == 1, f"{len(calls)} compiles for 9 requests in one max_len bucket"
+    assert all(torch.equal(r.tokens, generate(model, prompt(1, T), 4).tokens) for r, T in zip(results, range(3, 12)))
+    fast_generate(model, prompt(3, 3), 4, mode="compile")      # a batch of 3: bucket 4, one more
+    assert len(calls) == 2 and max(k[1] for k in fastgen._DECODERS) == 4
+
+
+def test_buckets():
+    assert [fastgen.bucket(n) for n in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, 16]
+    assert fastgen.bucket(10, smallest=64) == 64 and fastgen.bucket(100, smallest=64) == 128
+
+
+def test_check_graph_ready_keeps_other_compiled_code():
+    # It used to call torch._dynamo.reset(), which threw away every compiled decoder in the process.
+    compiles = []
+
+    def counting(gm, example_inputs):
+        compiles.append(1)
+        return gm.forward
+    x = torch.ones(4)
+    f = torch.compile(lambda: x * 2, backend=counting)
+    f()
+    dec = FastDecoder(make_model(), 1, 16, mode="eager")
+    with torch.inference_mode():
+        dec.model(prompt(1, 3), dec.cache, check=False, last_only=True)
+    check_graph_ready(dec.step, steps=3)
+    f()
+    assert len(compiles) == 1, "check_graph_ready made earlier compiled code compile again"
+
+
+def test_compiled_decoders_of_one_shape_do_not_recompile_each_other(monkeypatch):
+    # Two decoders compiled the same method (FastDecoder.step): the second guarded against the first's tensors.
+    compiles = []
+
+    def counting(gm, example_inputs):
+        compiles.append(1)
+        return gm.forward
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real(fn, backend=counting, fullgraph=True, dynamic=False))
+    model = make_model()
+    decoders = [FastDecoder(model, 1, 16, mode="compile") for _ in range(3)]
+    assert all(d.mode == "compile" for d in decoders), [d.fallback for d in decoders]
+    before = len(compiles)
+    for d in decoders:
+        d.generate(prompt(1, 3), 4)
+    assert len(compiles) == before, "a decoder's step compiled again when another decoder ran"

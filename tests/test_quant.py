@@ -60,7 +60,7 @@ def test_quantize_per_channel_rejects_non_matrices():
 
 # ---------------------------------------------------------------- Int8Linear
 
-@pytest.mark.parametrize("rows", [1, 3, 40])          # int8 GEMV rows, and the GEMM path above GEMV_MAX_ROWS
+@pytest.mark.parametrize("rows", [1, 3, 40])          # decode rows, and a prefill's: the same kernel for both
 @pytest.mark.parametrize("n_in", [64, 24])            # 24 is not a multiple the CPU int8 kernel can walk
 def test_int8_linear_matches_its_own_dequantized_weight_and_the_float_layer(rows, n_in):
     torch.manual_seed(1)
@@ -79,12 +79,11 @@ def test_int8_linear_matches_its_own_dequantized_weight_and_the_float_layer(rows
     assert not torch.equal(y, float_y)                          # it really is another computation
 
 
-def test_cpu_path_selection():
-    assert int8_path("cpu", 1, 768) == "int8pack_bf16"
-    assert int8_path("cpu", quant.GEMV_MAX_ROWS, 768) == "int8pack_bf16"
-    assert int8_path("cpu", quant.GEMV_MAX_ROWS + 1, 768) == "dequant_bf16"      # prefill: a GEMM wins
-    assert int8_path("cpu", 1, 24) == "dequant_bf16"          # the int8 kernel would read past each row
-    assert int8_path("cuda", 1, 768) == "dequant"
+def test_path_selection():
+    assert int8_path("cpu", 768) == "int8pack_bf16"
+    assert int8_path("cpu", 24) == "dequant_bf16"             # the int8 kernel would read past each row
+    assert int8_path("cuda", 768) == "dequant_compiled"       # fused by torch.compile where it runs
+    assert int8_path("mps", 768) == "dequant" and "mps" in quant.FALLBACK
     assert quant.scale_dtype("cpu", torch.float32) == torch.bfloat16
     assert quant.scale_dtype("cuda", torch.float16) == torch.float16
 
@@ -98,7 +97,8 @@ def test_int8_linear_runs_the_kernel_int8_path_picks(monkeypatch):
     layer = Int8Linear.from_linear(nn.Linear(64, 32))
     layer(torch.randn(1, 1, 64))
     layer(torch.randn(1, 30, 64))
-    assert calls == ["int8pack_bf16", "dequant_bf16"]
+    assert calls == ["int8pack_bf16", "int8pack_bf16"], "one kernel per layer, whatever the rows"
+    assert "kernel=int8pack_bf16" in repr(layer)
 
 
 # ---------------------------------------------------------------- quantize_ on a GPT
@@ -188,10 +188,35 @@ def test_unsupported_dtype_names_the_supported_ones_and_changes_nothing(dtype):
 
 
 def test_unsupported_device_names_the_supported_ones():
-    with pytest.raises(ValueError, match=r"run on \['cpu', 'cuda'\], not 'mps'"):
-        quant.check_supported("mps", torch.float32)
-    with pytest.raises(ValueError, match="not 'mps'"):
-        int8_path("mps", 1, 64)
+    with pytest.raises(ValueError, match=r"run on \['cpu', 'cuda', 'mps'\], not 'xpu'"):
+        quant.check_supported("xpu", torch.float32)
+    with pytest.raises(ValueError, match="not 'xpu'"):
+        int8_path("xpu", 64)
+    quant.check_supported("mps", torch.float16)              # mps: supported, on the slow path, said so
+
+
+def test_mps_falls_back_with_one_line_and_runs_the_dequantize_matmul(monkeypatch, capsys):
+    # No Apple GPU here: each layer picks its kernel as it would on "mps", and quantize_ reports that device's line.
+    real = quant.int8_path
+    monkeypatch.setattr(quant, "int8_path", lambda device, n_in: real("mps", n_in))
+    monkeypatch.setitem(quant.FALLBACK, "cpu", quant.FALLBACK["mps"])
+    model = quantize_(small_gpt())
+    assert capsys.readouterr().out.count("no int8 matmul kernel") == 1
+    layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    assert {m.kernel for m in layers} == {"dequant"}
+    x = torch.randn(2, layers[0].in_features)
+    torch.testing.assert_close(layers[0](x), F.linear(x, dequantize(layers[0].weight, layers[0].scales),
+                                                       layers[0].bias), rtol=1e-4, atol=1e-4)
+
+
+def test_fp16_dequantize_matmul_scales_before_it_sums():
+    # 64 products of 127 x 200 would overflow fp16's 65,504 if the scale came after the sum.
+    q = torch.full((4, 64), 127, dtype=torch.int8)
+    scales = torch.full((4,), 0.01, dtype=torch.float16)
+    x = torch.full((1, 64), 200.0, dtype=torch.float16)
+    y = quant.KERNELS["dequant"](x, q, scales)
+    assert torch.isfinite(y).all() and y.dtype == torch.float16
+    assert y[0, 0].item() == pytest.approx(64 * 200 * 1.27, rel=0.01)
 
 
 # ---------------------------------------------------------------- measurements
@@ -259,3 +284,26 @@ def test_the_tied_lookup_follows_the_model_to_another_dtype():
     assert model.tok_emb(ids).dtype == torch.bfloat16 and model(ids).dtype == torch.bfloat16
     # Only the float tensors (norms, biases, positions) halve; the int8 table and bf16 scales stay.
     assert roofline.weight_bytes(model) == before - float_bytes // 2
+
+
+def test_int8_batched_and_speculative_tokens_equal_solo_generate():
+    # A kernel chosen per call by row count gave a batch of 16 (a GEMM) other rounding than one row (the GEMV):
+    # 4 of 16 engine requests, and 2 of 8 speculative prompts, differed from their solo run on the int8 tiny model.
+    from labutils.generate import generate
+    from labutils.model import load_pretrained
+    from labutils.serving.engine import Engine
+    from labutils.speculative import speculative_generate
+    model, enc = load_pretrained()
+    model = quantize_(model)
+    from labutils.corpus import text_samples
+    words = " ".join(text_samples().values()).split()
+    prompts = [enc.encode(" ".join(words[i * 5:i * 5 + 4])) for i in range(16)]
+    engine = Engine(model, max_batch_size=16)
+    for p in prompts:
+        engine.submit(p, 12)
+    batched = [r.tokens for r in engine.run()]
+    solo = [generate(model, p, 12).tokens[0].tolist() for p in prompts]
+    assert batched == solo, f"{sum(a != b for a, b in zip(batched, solo))} of 16 differ"
+    for k in (4, 7, 8, 12):
+        for p, want in zip(prompts[:8], solo[:8]):
+            assert speculative_generate(model, model, p, 12, k=k).tokens[0].tolist() == want, f"k={k}"

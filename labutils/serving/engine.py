@@ -210,8 +210,9 @@ class Engine:
                 return True
         return False
 
-    def _forward(self, seqs: list[Sequence]) -> list[RequestResult]:
-        """Feed each sequence's uncomputed tokens in one forward (shorter rows padded on the left), append the next token."""
+    def _device_forward(self, seqs: list[Sequence]) -> torch.Tensor:
+        """The device half of a forward: each sequence's uncomputed tokens in one batch (shorter rows padded on the
+        left) through the paged cache, and the next greedy token of each, left on the device [len(seqs)]."""
         counts = [len(s.tokens) - s.n_computed for s in seqs]
         width = max(counts)
         self.cache.ensure(self.blocks.high_water)
@@ -219,7 +220,12 @@ class Engine:
                            device=self.device)
         view = self.cache.batch([s.table for s in seqs], [s.n_computed for s in seqs], counts)
         logits = self.model(ids, view, check=False, last_only=True)[:, -1]
-        tokens = pick_token(logits, None).tolist()        # greedy; tolist() waits for the device
+        return pick_token(logits, None)
+
+    def _forward(self, seqs: list[Sequence]) -> list[RequestResult]:
+        """Feed each sequence's uncomputed tokens in one forward, append the next token, finish who is done."""
+        counts = [len(s.tokens) - s.n_computed for s in seqs]
+        tokens = self._device_forward(seqs).tolist()        # greedy; tolist() waits for the device
         now = self.clock()
         done = []
         for seq, tok, n in zip(seqs, tokens, counts):
