@@ -262,14 +262,23 @@ def decode_bandwidth(s: BenchSettings) -> BenchRow:
     from .prepack import prepack_linears, prepack_unavailable
     from .roofline import decode_bytes, mean_decode_pos
     preset = "gpt2-xl" if s.device.type == "cuda" and not s.quick else s.preset
-    model = copy.deepcopy(bench_model(preset, str(s.device))).to(dtype=_dtype(s))
-    # This row compares no tokens, so on CPU it may take the fastest layout: oneDNN-prepacked weights
-    # (labutils.prepack), whose sums differ from nn.Linear's in the last bits.
-    packed = prepack_unavailable(model) is None
-    model, layout = (prepack_linears(model), ", prepacked weights") if packed else (fast_model(model, s), _layout(s))
-    ids, new = _request(s, model.config.vocab_size)
-    dec = FastDecoder(model, 1, ids.shape[1] + new)
-    dec.generate(ids, new)                                 # warm-up, untimed
+    base = copy.deepcopy(bench_model(preset, str(s.device))).to(dtype=_dtype(s))
+    ids, new = _request(s, base.config.vocab_size)
+    # This row compares no tokens, so it may take whichever weight layout streams fastest on this machine: row-major
+    # (nn.Linear), column-major, or oneDNN-prepacked (labutils.prepack, whose sums differ in the last bits). Which one
+    # wins depends on the CPU: prepacked won on an AMD EPYC and lost to row-major on an Intel Xeon.
+    layouts = {"row-major weights": base}
+    if s.device.type == "cpu":
+        layouts["column-major weights"] = fast_model(copy.deepcopy(base), s)
+        if prepack_unavailable(base) is None:
+            layouts["prepacked weights"] = prepack_linears(copy.deepcopy(base))
+    decoders = {name: FastDecoder(m, 1, ids.shape[1] + new) for name, m in layouts.items()}
+    for dec in decoders.values():
+        dec.generate(ids, new)                             # warm-up, untimed
+    trial = {name: min(dec.generate(ids, new).tpot_s for _ in range(2)) for name, dec in decoders.items()}
+    layout = min(trial, key=trial.get)
+    model, dec = layouts[layout], decoders[layout]
+    layout = f", {layout} (fastest of {len(trial)} here)"
     tpot, bw = [], []
     for _ in range(s.rounds):                              # interleaved: load hits both sides
         tpot.append(dec.generate(ids, new).tpot_s)
