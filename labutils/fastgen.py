@@ -229,9 +229,15 @@ class FastDecoder:
         """
         ids = check_request(self.model, ids, max_new_tokens, **self.sampling)
         B, T, n = ids.shape[0], ids.shape[1], int(max_new_tokens)
-        if B != self.batch_size:
-            raise ValueError(f"a batch of {B} prompts does not match this decoder's batch_size={self.batch_size}; "
-                             "build a FastDecoder for that batch size")
+        if B > self.batch_size:
+            raise ValueError(f"a batch of {B} prompts does not fit this decoder's batch_size={self.batch_size}; "
+                             "build a FastDecoder for that batch size (or use decoder_for)")
+        if B < self.batch_size:           # a smaller batch rides in the bucket: pad with copies of the first prompt
+            padded = torch.cat([ids, ids[:1].expand(self.batch_size - B, -1)])
+            inner = None if on_token is None else (lambda tokens: on_token(tokens[:B]))
+            result = self.generate(padded, max_new_tokens, seed=seed, on_token=inner)
+            result.tokens = result.tokens[:B]
+            return result
         if T + n > self.max_len:
             raise ValueError(f"prompt ({T}) + max_new_tokens ({n}) = {T + n} positions do not fit the cache's "
                              f"max_len={self.max_len}; build a FastDecoder with a larger max_len or ask for fewer")
@@ -392,13 +398,8 @@ def fast_generate(model, ids, max_new_tokens: int, *, temperature: float = 0.0, 
         decoder = FastDecoder(model, B, need, mode=mode, cache=cache, **sampling)
         return decoder.generate(ids, max_new_tokens, seed=seed, on_token=on_token)
     # A captured or compiled decoder is costly to make: keep it, at bucketed shapes, for the next request.
-    decoder = decoder_for(model, B, need, mode=mode, cache=cache, **sampling)
-    if decoder.batch_size > B:            # pad the batch up to its bucket with copies of the first prompt
-        ids = torch.cat([ids, ids[:1].expand(decoder.batch_size - B, -1)])
-    inner = None if on_token is None else (lambda tokens: on_token(tokens[:B]))
-    result = decoder.generate(ids, max_new_tokens, seed=seed, on_token=inner)
-    result.tokens = result.tokens[:B]
-    return result
+    return decoder_for(model, B, need, mode=mode, cache=cache, **sampling).generate(ids, max_new_tokens, seed=seed,
+                                                                                   on_token=on_token)
 
 
 MAX_DECODERS = 4          # captured decoders kept by decoder_for: each holds a cache (and a graph) in device memory

@@ -12,7 +12,7 @@ import torch
 
 from . import quiet, roofline, timing
 from .attention_cost import _quiet_stderr
-from .fastgen import STAGES, FastDecoder
+from .fastgen import STAGES, FastDecoder, decoder_for
 from .generate import GenerationResult, check_request, generate
 from .validate import check_count
 
@@ -47,20 +47,26 @@ class StageRun:
     decode_pos: int                # cached positions an average decode step reads
     floor_s: float | None = None   # roofline.decode_floor_s, when a bandwidth was given
     mbu: float | None = None       # roofline.mbu of tpot_s, when a bandwidth was given
+    graph_bytes: int | None = None # device memory a capture or compile kept (CUDA), None elsewhere
 
 
-def _runner(req: Request) -> tuple[Callable[[], GenerationResult], float, str, str | None]:
-    """A no-argument request for `req`, with its setup seconds, mode and fallback reason."""
+def _runner(req: Request) -> tuple[Callable[[], GenerationResult], float, str, str | None, int | None]:
+    """A no-argument request for `req`, with its setup seconds, mode, fallback reason and graph memory."""
     if req.stage not in LADDER:
         raise ValueError(f"unknown stage {req.stage!r}; choose one of {list(LADDER)}")
     ids = check_request(req.model, req.ids, req.new_tokens)
     n = int(req.new_tokens)
     if req.stage == "generate":
-        return (lambda: generate(req.model, ids, n)), 0.0, "eager", None
+        return (lambda: generate(req.model, ids, n)), 0.0, "eager", None, None
+    settings = STAGES[req.stage]
     with warnings.catch_warnings():     # the reason is kept in dec.fallback, and shown by the caller
         warnings.simplefilter("ignore", RuntimeWarning)
-        dec = FastDecoder(req.model, ids.shape[0], ids.shape[1] + n, **STAGES[req.stage])
-    return (lambda: dec.generate(ids, n)), dec.setup_s, dec.mode, dec.fallback
+        on_gpu = next(req.model.parameters()).device.type == "cuda"
+        if settings["mode"] == "eager" or settings["cache"] != "static" or not on_gpu:
+            dec = FastDecoder(req.model, ids.shape[0], ids.shape[1] + n, **settings)
+        else:                           # a captured step is kept per shape bucket: never captured twice
+            dec = decoder_for(req.model, ids.shape[0], ids.shape[1] + n, **settings)
+    return (lambda: dec.generate(ids, n)), dec.setup_s, dec.mode, dec.fallback, dec.graph_bytes
 
 
 def time_requests(requests: dict[Hashable, Request], *, rounds: int = 3,
@@ -84,13 +90,13 @@ def time_requests(requests: dict[Hashable, Request], *, rounds: int = 3,
                 results[key].append(run())
     out = {}
     for key, req in requests.items():
-        _, setup_s, mode, fallback = runners[key]
+        _, setup_s, mode, fallback, graph_bytes = runners[key]
         res = results[key]
         B, T = res[-1].tokens.shape[0], res[-1].prompt_len
         tpot = statistics.median(r.tpot_s for r in res)
         pos = roofline.mean_decode_pos(T, req.new_tokens)
         run = StageRun(req.stage, B, T, req.new_tokens, tpot, statistics.median(r.ttft_s for r in res), setup_s,
-                       mode, fallback, res[-1].tokens, pos)
+                       mode, fallback, res[-1].tokens, pos, graph_bytes=graph_bytes)
         if bandwidth_Bps is not None:
             run.floor_s = roofline.decode_floor_s(req.model, pos, B, bandwidth_Bps=bandwidth_Bps)
             run.mbu = roofline.mbu(req.model, pos, B, None, tpot, bandwidth_Bps, warn=False)   # measured units

@@ -458,3 +458,16 @@ def test_compiled_decoders_of_one_shape_do_not_recompile_each_other(monkeypatch)
     for d in decoders:
         d.generate(prompt(1, 3), 4)
     assert len(compiles) == before, "a decoder's step compiled again when another decoder ran"
+
+
+def test_a_smaller_batch_rides_in_its_bucket_and_a_larger_one_is_refused():
+    model = make_model()
+    dec = FastDecoder(model, 4, 32, mode="eager")
+    ids = prompt(3, 5)
+    got = dec.generate(ids, 6)
+    assert got.tokens.shape == (3, 6) and torch.equal(got.tokens, generate(model, ids, 6).tokens)
+    seen = []
+    dec.generate(ids, 2, on_token=lambda t: seen.append(tuple(t.shape)))
+    assert seen == [(3,), (3,)]                           # the callback sees only the real rows
+    with pytest.raises(ValueError, match="does not fit this decoder's batch_size=4"):
+        dec.generate(prompt(5, 5), 2)
