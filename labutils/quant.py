@@ -302,6 +302,8 @@ def int8_paths(n_out: int = 3072, n_in: int = 768, batch: int = 1, device=None, 
     for name, kernel in KERNELS.items():
         if name.startswith("int8pack") and device.type == "cpu" and n_in % PACK_N_IN_MULTIPLE:
             continue                             # the CPU kernel would read past each row
+        if name == "dequant_compiled" and device.type != "cuda":
+            continue                             # CUDA's path; on a CPU inductor would spend seconds compiling it
         fns[name] = (lambda k: lambda: k(x, q, scales))(kernel)
     runnable = {}
     for name, fn in fns.items():

@@ -223,7 +223,7 @@ def test_fp16_dequantize_matmul_scales_before_it_sums():
 
 def test_int8_paths_times_every_path_side_by_side():
     t = quant.int8_paths(n_out=64, n_in=64, batch=1, device="cpu", rounds=1, repeats=2)
-    assert set(t) == {"fp32", "bf16", *quant.KERNELS}
+    assert set(t) == {"fp32", "bf16", *quant.KERNELS} - {"dequant_compiled"}     # CUDA's path, not timed on a CPU
     assert all(math.isfinite(s) and s > 0 for s in t.values())
     odd = quant.int8_paths(n_out=8, n_in=24, batch=2, device="cpu", rounds=1, repeats=1)
     assert "int8pack_bf16" not in odd and "dequant_bf16" in odd     # never run the kernel out of bounds
