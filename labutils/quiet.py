@@ -3,9 +3,9 @@
 On a small machine a second busy process ruins timings without a word: torch splits an op over its threads, and
 when another process holds a core, the op waits a scheduler slice (milliseconds) for its last thread, so a step
 can stall 10x. A load average cannot tell this from our own work, and it trails by a minute. So a measurement
-reads the kernel's CPU counters (`/proc/stat` for the cores this process may use, `/proc/self/stat` for this
-process) before and after it runs; what the cores did beyond this process is the other processes' share
-(hypervisor steal included). Where there are no such counters (macOS, Windows) the load average stands in.
+reads the kernel's CPU counters (`/proc/stat` for the cores this process may use, `/proc/<pid>/stat` for this
+process and the processes it started, such as the bench's vLLM server) before and after it runs; what the cores
+did beyond that is the other processes' share (hypervisor steal included). Where there are no such counters (macOS, Windows) the load average stands in.
 
     with quiet.watch() as w:       # prints one line when others were busy (the outermost watch only)
         ...timed work...
@@ -46,13 +46,44 @@ def _load_average() -> float | None:
         return None
 
 
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (which may hold spaces), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _own_ticks() -> int:
+    """CPU ticks of this process and every process it started, alive or finished.
+
+    A process's cutime/cstime hold the children it has waited for, so a child that ends during a
+    measurement still counts once it is reaped; live descendants are found through their parent ids.
+    """
+    def ticks(fields):          # utime stime cutime cstime
+        return sum(int(x) for x in fields[11:15])
+    own = _stat_fields("self")
+    if own is None:
+        raise OSError("no /proc/self/stat")
+    children: dict[int, list[tuple[int, list[str]]]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (fields := _stat_fields(name)) is not None:
+            children.setdefault(int(fields[1]), []).append((int(name), fields))
+    total, todo = ticks(own), [os.getpid()]
+    while todo:
+        for pid, fields in children.get(todo.pop(), ()):
+            total += ticks(fields)
+            todo.append(pid)
+    return total
+
+
 def _read_counters(cores: list[int]) -> tuple[int, int, int] | None:
-    """(busy ticks of `cores`, all ticks of `cores`, this process's ticks), or None without /proc."""
+    """(busy ticks of `cores`, all ticks of `cores`, ticks of this process and its own), or None without /proc."""
     try:
         with open("/proc/stat") as f:
             lines = f.read().splitlines()
-        with open("/proc/self/stat") as f:
-            own = f.read().rsplit(")", 1)[1].split()       # the command name may hold spaces
+        own = _own_ticks()
     except OSError:
         return None
     wanted = {f"cpu{n}" for n in cores}
@@ -64,7 +95,7 @@ def _read_counters(cores: list[int]) -> tuple[int, int, int] | None:
             ticks = [int(x) for x in fields[:8]]
             total += sum(ticks)
             busy += sum(ticks) - ticks[3] - ticks[4]
-    return busy, total, int(own[11]) + int(own[12])         # utime + stime, in the same ticks
+    return busy, total, own
 
 
 @dataclass
