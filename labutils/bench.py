@@ -8,6 +8,7 @@ Later lessons add rows: write `def my_row(s: BenchSettings) -> BenchRow` and app
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -386,16 +387,22 @@ def course_engine_outputs(model: GPT, requests: list[Request]) -> list[list[int]
 
 
 def engine_vs_server(model: GPT, client: OpenAIClient, requests: list[Request], s: BenchSettings,
-                     setup: str) -> BenchRow:
-    """Output tokens/s of course_engine_outputs vs a server on the same requests, interleaved by round."""
-    course_engine_outputs(model, requests[:2])                  # warm-up, untimed
+                     setup: str, pause_server: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+                     ) -> BenchRow:
+    """Output tokens/s of course_engine_outputs vs a server on the same requests, interleaved by round.
+
+    `pause_server` (VLLMServer.paused) stops the server's processes while the engine takes its turn.
+    """
+    with pause_server():
+        course_engine_outputs(model, requests[:2])              # warm-up, untimed
     client.run(requests[:2])
     tps: dict[str, list[float]] = {"engine": [], "server": []}
     same = 0
     for _ in range(s.rounds):
-        t0 = time.perf_counter()
-        ours = course_engine_outputs(model, requests)
-        tps["engine"].append(sum(map(len, ours)) / (time.perf_counter() - t0))
+        with pause_server():
+            t0 = time.perf_counter()
+            ours = course_engine_outputs(model, requests)
+            tps["engine"].append(sum(map(len, ours)) / (time.perf_counter() - t0))
         t0 = time.perf_counter()
         theirs = client.run(requests, max_concurrency=len(requests))   # all in flight: the server batches
         wall = time.perf_counter() - t0
@@ -430,13 +437,13 @@ def engine_vs_vllm(s: BenchSettings) -> BenchRow:
              f"tokens, outputs {min(r.max_new_tokens for r in requests)}-{max(r.max_new_tokens for r in requests)}; "
              f"engine side: serving.Engine, a batch slot per request, prefix caching off, "
              f"{torch.get_num_threads()} torch threads; vLLM: every request in flight, prefix caching off, "
-             "its own CPU thread binding")
+             "its own CPU thread binding, paused (SIGSTOP) while the engine runs")
     with tempfile.TemporaryDirectory(prefix="bench-vllm-") as folder:
         save_hf_gpt2(model, folder)
         # Every round sends the same prompts: without this, vLLM would serve later rounds from its prefix cache.
         with vllm_server.VLLMServer(folder, max_model_len=model.config.context_length, python=python,
                                     extra_args=("--no-enable-prefix-caching",)) as server:
-            return engine_vs_server(model, OpenAIClient(server.url), requests, s, setup)
+            return engine_vs_server(model, OpenAIClient(server.url), requests, s, setup, server.paused)
 
 
 # Docstring openers: the trained models' own kind of text. Greedy continuations of them repeat

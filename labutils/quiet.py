@@ -55,27 +55,66 @@ def _stat_fields(pid: int | str) -> list[str] | None:
         return None
 
 
-def _own_ticks() -> int:
-    """CPU ticks of this process and every process it started, alive or finished.
+def _ticks(fields: list[str]) -> int:
+    """utime + stime + cutime + cstime: a process's CPU time with that of the children it has reaped."""
+    return sum(int(x) for x in fields[11:15])
+
+
+def _tree_ticks(root: int) -> int:
+    """CPU ticks of process `root` and every live process below it, with the children each has reaped.
 
     A process's cutime/cstime hold the children it has waited for, so a child that ends during a
     measurement still counts once it is reaped; live descendants are found through their parent ids.
     """
-    def ticks(fields):          # utime stime cutime cstime
-        return sum(int(x) for x in fields[11:15])
-    own = _stat_fields("self")
-    if own is None:
-        raise OSError("no /proc/self/stat")
+    fields = _stat_fields("self" if root == os.getpid() else root)
+    if fields is None:
+        return 0
     children: dict[int, list[tuple[int, list[str]]]] = {}
     for name in os.listdir("/proc"):
-        if name.isdigit() and (fields := _stat_fields(name)) is not None:
-            children.setdefault(int(fields[1]), []).append((int(name), fields))
-    total, todo = ticks(own), [os.getpid()]
+        if name.isdigit() and (f := _stat_fields(name)) is not None:
+            children.setdefault(int(f[1]), []).append((int(name), f))
+    total, todo = _ticks(fields), [root]
     while todo:
-        for pid, fields in children.get(todo.pop(), ()):
-            total += ticks(fields)
+        for pid, f in children.get(todo.pop(), ()):
+            total += _ticks(f)
             todo.append(pid)
     return total
+
+
+_credited = 0     # ticks of stopped processes this process started that ended unreaped (see `stopping`)
+
+
+def _own_ticks() -> int:
+    """CPU ticks of this process and of the processes it started, alive, reaped or credited by `stopping`."""
+    if _stat_fields("self") is None:
+        raise OSError("no /proc/self/stat")
+    return _tree_ticks(os.getpid()) + _credited
+
+
+@contextlib.contextmanager
+def stopping(pid: int):
+    """Wrap the stopping of a process tree this process started (the bench's vLLM server).
+
+    Processes deep in such a tree (vLLM's compile workers) can end without their parent waiting for them;
+    their CPU time then leaves this process's counters, and a measurement around the server would blame
+    it on other processes. So the tree's time is read before the stop, and what the reaping does not bring
+    back is credited as this process's own.
+    """
+    global _credited
+    if not os.path.exists("/proc/self/stat"):
+        yield
+        return
+    before, reaped = _tree_ticks(pid), _reaped_ticks()
+    try:
+        yield
+    finally:
+        _credited += max(0, before - (_reaped_ticks() - reaped))
+
+
+def _reaped_ticks() -> int:
+    """cutime + cstime of this process: the CPU time of the children it has waited for."""
+    fields = _stat_fields("self")
+    return int(fields[13]) + int(fields[14])
 
 
 def _read_counters(cores: list[int]) -> tuple[int, int, int] | None:

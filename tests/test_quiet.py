@@ -1,4 +1,7 @@
 """The busy-machine check: other processes' CPU time during a measurement, faked and real."""
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -104,3 +107,25 @@ def test_the_command_line_exit_codes(monkeypatch, capsys):
     fake_counters(monkeypatch, others_per_reading=0)
     assert quiet.main(["0"]) == 0 and capsys.readouterr().out.startswith("quiet:")
     assert quiet.main(["soon"]) == 2
+
+
+ORPHANING_PARENT = """
+import subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", {spin!r}])     # never waited for: it outlives this parent unreaped
+time.sleep(5)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("credited", [True, False])
+def test_a_stopped_tree_whose_grandchild_was_never_reaped(credited):
+    # vLLM's compile workers end that way: without `stopping`, their CPU time would look like another process's.
+    parent = subprocess.Popen([sys.executable, "-c", ORPHANING_PARENT.format(spin=SPIN.format(s=1.0))],
+                              start_new_session=True)
+    with quiet.watch(report=False) as w:
+        time.sleep(1.1)                                # the grandchild spins for all of it
+        stop = quiet.stopping(parent.pid) if credited else contextlib.nullcontext()
+        with stop:
+            os.killpg(parent.pid, signal.SIGKILL)
+            parent.wait()
+    assert w.busy is not credited, w
