@@ -5,6 +5,7 @@ checked against what the server did; a prompt's first id picks a failure for tha
 """
 import json
 import math
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -16,6 +17,9 @@ from labutils.serving.vllm_server import free_port
 
 GAP_S = 0.03                  # the fake server's pause before each token
 ERROR_EVENT, HTTP_500, DROP, TEXT_ONLY = 1, 2, 3, 4   # prompt[0] values that pick a behaviour
+# ... and malformed streams no correct server sends: what each puts in place of a good chunk
+MALFORMED = {5: dict(token_ids=[1.5]), 6: dict(token_ids=[-4]), 7: dict(token_ids=[True]),
+             8: dict(token_ids=[1, 2]), 9: dict(finish_reason=3)}
 
 
 def fake_tokens(prompt, n):
@@ -62,6 +66,8 @@ class FakeServer(BaseHTTPRequestHandler):
             choice = {"index": 0, "text": f"<{tok}>", "finish_reason": "length" if k == n - 1 else None}
             if prompt[0] != TEXT_ONLY:
                 choice["token_ids"] = [tok]
+            if prompt[0] in MALFORMED and k == n - 1:
+                choice.update(MALFORMED[prompt[0]])
             self._event({"object": "text_completion", "choices": [choice]})
             self.wfile.write(b": keep-alive comment\n\n")  # SSE comments must be skipped
         self.wfile.write(b"data: [DONE]\n\n")
@@ -211,3 +217,21 @@ def test_a_tensor_prompt_is_accepted():
     torch = pytest.importorskip("torch")
     req = as_request({"prompt_ids": torch.tensor([3, 4, 5]), "max_new_tokens": 1}, 7)
     assert req == Request((3, 4, 5), 1, 0.0, 7)
+
+
+@pytest.mark.parametrize("marker, match", [(5, "not non-negative ints: \\[1.5\\]"), (6, "not non-negative ints: \\[-4\\]"),
+                                           (7, "not non-negative ints: \\[True\\]"),
+                                           (8, "streamed 4 tokens for max_tokens=3"),
+                                           (9, "finish_reason=3; the API's finish_reason is a string")])
+def test_a_malformed_stream_is_refused_naming_the_server(server, marker, match):
+    res = OpenAIClient(server).complete([marker, 9], 3)
+    assert not res.ok and res.finish_reason == "error"
+    assert server in res.error and re.search(match, res.error), res.error
+    assert len(res.tokens) == 2                                    # what came before the bad chunk stays
+
+
+def test_arrivals_are_capped_as_the_engine_caps_them():
+    from labutils.serving.engine import MAX_ARRIVAL_S
+    assert as_request({"prompt_ids": [1], "max_new_tokens": 2, "arrival_s": MAX_ARRIVAL_S}, 0).arrival_s == MAX_ARRIVAL_S
+    with pytest.raises(ValueError, match="arrival_s"):
+        as_request({"prompt_ids": [1], "max_new_tokens": 2, "arrival_s": MAX_ARRIVAL_S + 1}, 0)

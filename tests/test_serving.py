@@ -385,3 +385,13 @@ def test_gantt_bars_split_each_stay_into_prefill_and_decode():
     fig = gantt_figure([r, r2])
     assert [t.name for t in fig.data] == ["queued", "prefill", "decode"]
     assert list(fig.data[1].base) == [0.3, 1.2, 0.0] and list(fig.data[1].y) == ["#7", "#7", "#8"]
+
+
+def test_sequences_compare_by_identity_and_keep_their_tokens_whole():
+    """`seq in running` and `running.remove(seq)` compared every field of every request: quadratic in the batch."""
+    from labutils.serving.sequence import Sequence
+    a, b = Sequence(0, [1, 2, 3], 5, 0.0), Sequence(0, [1, 2, 3], 5, 0.0)
+    assert a != b and b not in [a] and a in [b, a]
+    assert a.tokens is a.tokens, "tokens is kept, not rebuilt on every use"
+    a.add_token(9, 1.5)
+    assert (a.tokens, a.generated, a.timestamps, a.prompt) == ([1, 2, 3, 9], [9], [1.5], [1, 2, 3])

@@ -168,3 +168,62 @@ def test_paged_attention_equals_dense_attention_over_scattered_blocks(n_kv, impl
             want = torch.cat([attention(q[r:r + 1, :, i:i + 1], k[:, :, :p + 1], v[:, :, :p + 1],
                                         q_offset=p, impl=impl) for i, p in enumerate(rows.tolist())], dim=2)
             torch.testing.assert_close(got[r:r + 1, :, :len(rows)], want, rtol=0, atol=1e-12)
+
+
+# --- review bugs: orphaned children, dead blocks, double frees, the hash itself ------------------------
+
+def test_a_colliding_root_never_adopts_a_child_computed_after_other_tokens(monkeypatch):
+    """Root-first freeing evicted a chain's root before its child; a later root whose key collided (with other
+    tokens) then led the lookup to that orphan, whose keys and values were computed after different tokens."""
+    real = blocks_mod.block_hash
+    weak = lambda parent, tokens: b"every root" if parent is None else real(parent, tokens)   # noqa: E731
+    monkeypatch.setattr(blocks_mod, "block_hash", weak)
+    m = BlockManager(3, BS)
+    a = committed(m, toks(9))                      # a0 [0..3], a1 [4..7] keyed; a2 partial
+    m.free(a.table)
+    x = committed(m, toks(5, start=100))           # 2 blocks: the plain one and one eviction
+    assert m.evictions == 1
+    m.free(x.table)
+    d = m.allocate(toks(4, start=100) + toks(5, start=4))     # x's root, then a1's tokens
+    # Tail first, a1 went before a0; a0 still holds the colliding root key, so x's root was never keyed, and
+    # d misses (the tokens differ) instead of reusing x's root and then a1 (8 cached tokens, the wrong ones).
+    assert d.cached_tokens == 0
+
+
+def test_a_freed_chain_is_evicted_tail_first_and_leaves_no_dead_blocks():
+    m = BlockManager(4, BS)
+    a = committed(m, toks(13))                     # 3 full blocks and a partial one
+    m.free(a.table)
+    m.allocate(toks(12, start=100))                # 3 blocks: the plain one and two evictions
+    assert m.evictions == 2 and m.cached == 1
+    hits, _ = m.lookup(toks(13))
+    assert hits == a.table[:1], "the block still cached must be the chain's root, found by its prefix"
+
+
+def test_freeing_twice_or_a_block_never_allocated_is_refused_and_changes_nothing():
+    m = BlockManager(8, BS)
+    a = m.allocate(toks(6))
+    m.free(a.table)
+    before = (m.used, m.cached, [m.refcount(b) for b in range(8)])
+    for bad in (a.table, [7], [-1], [a.table[0], a.table[0]]):
+        with pytest.raises(ValueError, match="freed already, or holds a block that was never allocated"):
+            m.free(bad)
+        assert (m.used, m.cached, [m.refcount(b) for b in range(8)]) == before, bad
+    b = m.allocate(toks(2))
+    with pytest.raises(ValueError, match="exactly once"):
+        m.free(b.table + b.table)                  # one reference, freed twice in one call
+    m.free(b.table)
+    assert m.used == 0
+
+
+def test_block_keys_are_sha256_chained_over_token_bytes():
+    import hashlib
+    root = block_hash(None, (1, 2, 3, 4))
+    assert root == hashlib.sha256((1).to_bytes(8, "little") + (2).to_bytes(8, "little") + (3).to_bytes(8, "little")
+                                  + (4).to_bytes(8, "little")).digest()
+    assert block_hash(root, (5, 6, 7, 8)) == hashlib.sha256(root + b"".join(
+        t.to_bytes(8, "little") for t in (5, 6, 7, 8))).digest()
+    # Python's hash() of these two tuples collides (hash(-1) == hash(-2) in CPython); the keys do not.
+    assert hash((None, (-1,))) == hash((None, (-2,)))
+    assert block_hash(None, (-1,)) != block_hash(None, (-2,))
+

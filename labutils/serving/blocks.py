@@ -1,19 +1,24 @@
 """Paged KV-cache bookkeeping: fixed-size blocks, a free list, reference counts and the prefix cache."""
 from __future__ import annotations
 
-from collections import OrderedDict, defaultdict, deque
+import hashlib
+from array import array
+from collections import Counter, OrderedDict, defaultdict, deque
 from dataclasses import dataclass
 
 from ..validate import check_count, check_flag
 
 
-def block_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
-    """The prefix-cache key of a full block: its tokens chained with the key of the block before it.
+def block_hash(parent: bytes | None, tokens: tuple[int, ...]) -> bytes:
+    """The prefix-cache key of a full block: sha256 of the previous block's key and this block's token ids.
 
-    Equal keys mean equal prefixes, unless two prefixes collide; lookups compare the tokens (and
-    the parent key) as well, so a collision costs a cache miss, never wrong keys and values.
+    The chain makes a key stand for the whole prefix up to the block. A cryptographic hash, as vLLM uses,
+    because Python's hash() of int tuples can be collided on purpose, and a collision that slipped past
+    the lookup's checks would hand a request keys and values computed after other tokens.
     """
-    return hash((parent, tokens))
+    digest = hashlib.sha256(parent or b"")            # a key is 32 bytes, so no parent (b"") is told apart
+    digest.update(array("q", tokens).tobytes())       # 8 bytes per token id
+    return digest.digest()
 
 
 @dataclass
@@ -21,7 +26,7 @@ class Allocation:
     """Blocks for a request's first `len(table) * block_size` positions; the first `cached_tokens` are already written."""
 
     table: list[int]
-    keys: list[int]            # chain keys of the reused blocks at the front of the table
+    keys: list[bytes]          # chain keys of the reused blocks at the front of the table
     cached_tokens: int
 
 
@@ -43,8 +48,8 @@ class BlockManager:
         self.n_blocks, self.block_size, self.budget_blocks = n_blocks, block_size, budget
         self.prefix_caching = check_flag("prefix_caching", prefix_caching) and budget > 0   # nothing kept: nothing keyed
         self._ref: defaultdict[int, int] = defaultdict(int)   # nothing stored per block until it is used
-        self._key: dict[int, tuple[int, int | None, tuple[int, ...]]] = {}   # block -> (key, parent key, tokens)
-        self._by_key: dict[int, int] = {}
+        self._key: dict[int, tuple[bytes, bytes | None, tuple[int, ...]]] = {}   # block -> (key, parent key, tokens)
+        self._by_key: dict[bytes, int] = {}
         self._free: deque[int] = deque()                       # plain free blocks
         self._cached: OrderedDict[int, None] = OrderedDict()   # free and keyed, least recently used first
         self.high_water = 0        # ids below this have been handed out at least once
@@ -66,14 +71,14 @@ class BlockManager:
 
     # -- the prefix cache --------------------------------------------------------------------------
 
-    def lookup(self, tokens) -> tuple[list[int], list[int]]:
+    def lookup(self, tokens) -> tuple[list[int], list[bytes]]:
         """The blocks already holding the longest run of `tokens`' leading full blocks, and their keys.
 
         Never the whole sequence: at least its last token is left to compute, because the next
         token comes from that token's logits (a full hit would leave nothing to prefill).
         """
         hits: list[int] = []
-        keys: list[int] = []
+        keys: list[bytes] = []
         if not self.prefix_caching:
             return hits, keys
         bs, parent = self.block_size, None
@@ -88,7 +93,7 @@ class BlockManager:
             parent = key
         return hits, keys
 
-    def commit(self, table: list[int], keys: list[int], tokens, n_written: int) -> None:
+    def commit(self, table: list[int], keys: list[bytes], tokens, n_written: int) -> None:
         """Key every block of `table` that is now full (its first n_written positions are written).
 
         `keys` is the request's chain of block keys so far, extended in place. A block whose key is
@@ -127,15 +132,29 @@ class BlockManager:
         return True
 
     def free(self, table: list[int]) -> None:
-        """Drop one reference to every block of a finished or preempted request."""
-        for block in table:
+        """Drop one reference to every block of a finished or preempted request.
+
+        Tail first into the LRU, as nano-vllm frees: a freed chain then waits there with its last block oldest, so
+        eviction takes children before their parents, and a cached block's parent is always cached too
+        (a child that outlived its parent could never be found again, yet would fill the budget).
+        Freeing a table twice, or a block that was never handed out, is refused before anything changes.
+        """
+        for block, n in Counter(table).items():
+            if not (isinstance(block, int) and 0 <= block < self.high_water) or self._ref[block] < n:
+                raise ValueError(
+                    f"free: block {block!r} is not in use (reference count {self._ref.get(block, 0)}, freed "
+                    f"{n} time(s) here): this table was freed already, or holds a block that was never "
+                    "allocated; free each allocation's table exactly once")
+        plain = []
+        for block in reversed(table):
             self._ref[block] -= 1
             if self._ref[block] == 0:
                 self.used -= 1
                 if block in self._key:
                     self._cached[block] = None        # most recently used end
                 else:
-                    self._free.append(block)
+                    plain.append(block)
+        self._free.extend(reversed(plain))            # plain blocks keep table order: the next request gets them so
         self._enforce_budget()
 
     def _incref(self, block: int) -> None:

@@ -15,10 +15,8 @@ from .blocks import BlockManager
 from .paged_cache import PagedKVCache
 from .scheduler import MODES, Scheduler
 from .sequence import Sequence
-from .workload import RequestResult, Summary, Workload, summarize
+from .workload import MAX_ARRIVAL_S, RequestResult, Summary, Workload, summarize
 
-
-MAX_ARRIVAL_S = 3600.0
 # Padded tokens (rows x longest row) one batched prefill may feed: bounds its activations and attention scores.
 MAX_PREFILL_TOKENS = 8192
 
@@ -231,8 +229,7 @@ class Engine:
         for seq, tok, n in zip(seqs, tokens, counts):
             seq.n_computed += n
             self.blocks.commit(seq.table, seq.keys, seq.tokens, seq.n_computed)
-            seq.generated.append(tok)
-            seq.timestamps.append(now)
+            seq.add_token(tok, now)
             if seq.done:
                 self.scheduler.finish(seq, now)
                 done.append(seq.result())

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from .. import timing
 from ..validate import check_count, check_number, check_positive
-from .workload import Request   # one request type drives the course's engine and a server
+from .workload import MAX_ARRIVAL_S, Request   # one request type drives the course's engine and a server
 
 # vLLM's extensions to the OpenAI API: the ids of each streamed token (a server started with
 # --skip-tokenizer-init streams no text at all), and running to max_tokens, as the course's engine
@@ -83,7 +83,8 @@ def as_request(r, index: int) -> Request:
         raise ValueError(f"{where}: prompt_ids is empty; a prompt needs at least one token")
     ids = tuple(check_count(f"{where}: prompt_ids[{i}]", t, 0) for i, t in enumerate(ids))
     n = check_count(f"{where}: max_new_tokens", n, 1)
-    arrival = check_number(f"{where}: arrival_s", arrival, minimum=0, hint="seconds after the run starts")
+    arrival = check_number(f"{where}: arrival_s", arrival, minimum=0, maximum=MAX_ARRIVAL_S,
+                           hint="seconds after the run starts, on the real clock (an hour at most, as the engine)")
     rid = get("id")
     return Request(ids, n, arrival, index if rid is None else rid)
 
@@ -192,6 +193,18 @@ class OpenAIClient:
                 results[i] = f.result()
         return results
 
+    def _check_chunk(self, ids: list, finish, n_before: int, max_tokens: int) -> None:
+        """Refuse a streamed chunk no correct server sends: its ids must be token ids, within max_tokens."""
+        bad = [t for t in ids if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 0)]
+        if bad:
+            raise ServerError(f"{self.base_url} streamed token ids that are not non-negative ints: {bad[:3]!r}; "
+                              "is it an OpenAI-compatible completions server with return_token_ids?")
+        if n_before + len(ids) > max_tokens:
+            raise ServerError(f"{self.base_url} streamed {n_before + len(ids)} tokens for max_tokens={max_tokens}")
+        if finish is not None and not isinstance(finish, str):
+            raise ServerError(f"{self.base_url} sent finish_reason={finish!r}; the API's finish_reason is a string "
+                              "such as 'length' or 'stop'")
+
     def _stream(self, req: Request, start: float) -> StreamResult:
         """Send one request and read its event stream; `start` is its arrival on the perf_counter clock."""
         res = StreamResult(req.id, len(req.prompt_ids), req.max_new_tokens, req.arrival_s)
@@ -214,6 +227,7 @@ class OpenAIClient:
                 if "error" in chunk or chunk.get("object") == "error":
                     raise ServerError(f"error event mid-stream: {chunk.get('error', chunk)}")
                 ids, text, finish = _chunk_tokens(chunk)
+                self._check_chunk(ids, finish, len(res.tokens), req.max_new_tokens)
                 res.tokens += ids
                 res.timestamps += [now - start] * len(ids)
                 res.text += text

@@ -6,12 +6,15 @@ from dataclasses import dataclass, field
 from .workload import RequestResult
 
 
-@dataclass
+@dataclass(eq=False)
 class Sequence:
     """A request as the scheduler moves it: waiting -> running (-> preempted -> waiting ...) -> finished.
 
     `n_computed` counts the positions whose keys and values are in its blocks: the next forward
     feeds tokens[n_computed:] (the whole prompt at first, one token per decode step).
+
+    Compared by identity (eq=False): the scheduler's `seq in running` and `running.remove(seq)` would
+    otherwise compare every field of every request, which made a schedule quadratic in the batch.
     """
 
     id: int
@@ -22,16 +25,23 @@ class Sequence:
     generated: list[int] = field(default_factory=list)
     timestamps: list[float] = field(default_factory=list)
     table: list[int] = field(default_factory=list)       # block ids, in position order
-    keys: list[int] = field(default_factory=list)        # prefix-cache keys of its full blocks
+    keys: list[bytes] = field(default_factory=list)      # prefix-cache keys of its full blocks
     n_computed: int = 0
     cached_tokens: int = 0
     preemptions: int = 0
     spans: list[tuple[float, float]] = field(default_factory=list)
     joined_s: float | None = None                        # when it last joined the running batch
 
-    @property
-    def tokens(self) -> list[int]:
-        return self.prompt + self.generated
+    tokens: list[int] = field(init=False)                # prompt + generated, kept whole (not rebuilt per use)
+
+    def __post_init__(self):
+        self.tokens = list(self.prompt) + list(self.generated)
+
+    def add_token(self, token: int, t: float) -> None:
+        """Append one generated token and the clock reading when it was made."""
+        self.generated.append(token)
+        self.tokens.append(token)
+        self.timestamps.append(t)
 
     @property
     def done(self) -> bool:

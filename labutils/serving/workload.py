@@ -158,6 +158,11 @@ class Stats:
         return cls(float(np.mean(values)), float(np.percentile(values, 50)), float(np.percentile(values, 99)))
 
 
+# The latest arrival a workload may ask for, in seconds: arrivals are waited for on the real clock, by the
+# course's engine and by the server client alike.
+MAX_ARRIVAL_S = 3600.0
+
+
 @dataclass(frozen=True)
 class SLO:
     """Service-level objectives; a request is *good* when it meets every one that is set."""
@@ -233,5 +238,5 @@ def summarize(finished, wall_s: float, slo: SLO | dict | None = None) -> Summary
         slo=slo)
 
 
-__all__ = ["COMPLETED", "Request", "RequestResult", "SLO", "Stats", "Summary", "Workload", "make_workload",
+__all__ = ["COMPLETED", "MAX_ARRIVAL_S", "Request", "RequestResult", "SLO", "Stats", "Summary", "Workload", "make_workload",
            "summarize"]
