@@ -41,7 +41,7 @@ from typing import Callable
 import torch
 
 from . import fake_cuda
-from .generate import GenerationResult, check_request, check_sampling, sampling_probs
+from .generate import GenerationResult, check_logits, check_request, check_sampling, sampling_probs
 from .kvcache import KVCache
 from .static_cache import StaticKVCache
 from .validate import check_seed
@@ -282,6 +282,7 @@ class FastDecoder:
                 self.noise.exponential_(generator=gen).clamp_min_(1e-30)   # E = 0 would divide by zero
 
         logits = self.model(ids, self.cache, check=False, last_only=True)[:, -1]   # prefill, eager
+        check_logits(logits)          # once per request: NaN weights would otherwise give token 0 forever
         draw()
         self.token.copy_(pick_token(logits, self.noise, **self.sampling)[:, None])
         land(0)

@@ -110,12 +110,26 @@ def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = N
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "generator")
+
+
+def _check_sampling_options(sampling: dict) -> None:
+    """prefill's and decode_step's sampling keywords, refused before the forward writes the cache: a refused
+    call must leave the cache as it was."""
+    unknown = sorted(set(sampling) - set(SAMPLING_OPTIONS))
+    if unknown:
+        raise TypeError(f"unknown sampling option(s) {unknown}; the options are {', '.join(SAMPLING_OPTIONS)}")
+    check_sampling(**{k: v for k, v in sampling.items() if k != "generator"})
+
+
 def prefill(model, ids: torch.Tensor, cache: KVCache, **sampling) -> torch.Tensor:
     """One forward pass over the whole prompt [batch, T]: writes T cache entries, returns token [batch].
 
-    The request's checks run here, once: ids against the vocab and context, the cache against the
-    model (GPT.forward(check=True)), and the logits for NaN (sample).
+    The request's checks run here, once: the sampling options, ids against the vocab and context, the
+    cache against the model (GPT.forward(check=True)), all before the cache is written; then the logits
+    for NaN (sample).
     """
+    _check_sampling_options(sampling)
     logits = model(ids, cache, last_only=True)
     return sample(logits[:, -1], **sampling)
 
@@ -131,6 +145,7 @@ def decode_step(model, token: torch.Tensor, cache: KVCache, *, check: bool = Tru
         raise ValueError("decode_step takes the newest token of each sequence as a 1-D tensor [batch], got "
                          f"{tuple(token.shape) if isinstance(token, torch.Tensor) else describe(token)}")
     if check:
+        _check_sampling_options(sampling)
         model.check_ids(token[:, None], cache.pos)
         check_cache(cache, model)
     cache.check_fits(token.shape[0], 1)

@@ -144,6 +144,11 @@ def get_model(preset: str, dtype: str = "fp32", device="cpu", context_length: in
     need = memory_needed(preset, 1, 1, 1, dtype, context_length)
     while _MODELS and need > 0.9 * (free_bytes(device) - sum(roofline.weight_bytes(m) for m in _MODELS.values())):
         clear_models(1)           # make room: drop the least recently used model
+    free = free_bytes(device)
+    if need > 0.9 * free:         # refused before anything is allocated: a 7B model in fp32 would kill the kernel
+        raise ValueError(f"{preset} in {dtype} needs about {need / 1e9:.1f} GB to build, but only "
+                         f"{free / 1e9:.1f} GB is free on {device.type}; choose a smaller preset"
+                         + (", or a 2-byte dtype on a GPU" if dtype == "fp32" else ""))
     with torch.device(device):    # on a GPU the random initialisation runs there, which is much faster
         model = GPT(model_config(preset, context_length)).to(torch_dtype(dtype)).eval()
     # One short untimed request: the first call pays one-off costs (allocator, kernel selection).

@@ -95,6 +95,19 @@ def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
                          "get the checkpoint again from its source") from None
 
 
+def inside(folder: Path, path: Path) -> Path:
+    """`path` itself, once its real location (symlinks followed) is known to lie inside `folder`'s; else refused.
+
+    A link named model.safetensors can point anywhere on the disk; the name alone proves nothing.
+    """
+    real, home = path.resolve(), folder.resolve()
+    if real != home and home not in real.parents:
+        raise ValueError(f"{path} is a link to {real}, which lies outside {home}; a checkpoint's weights must sit "
+                         "in its own folder. Copy the file into the folder in place of the link (Hugging Face's hub "
+                         "cache links snapshot files to its blobs folder: load from a save_pretrained folder instead)")
+    return path
+
+
 def weights_file(folder: Path, name) -> Path:
     """`name` (from a shard index) as a path inside `folder`; a name that leads anywhere else is refused."""
     index = folder / SHARD_INDEX
@@ -105,7 +118,7 @@ def weights_file(folder: Path, name) -> Path:
     if parts.is_absolute() or ".." in parts.parts or re.match(r"^[A-Za-z]:", name):
         raise ValueError(f"{index} names the shard {name!r}, which lies outside {folder}; a checkpoint's "
                          "weights must sit in its own folder. Move the shards there and fix the index")
-    return folder / parts
+    return inside(folder, folder / parts)
 
 
 def torch_load(path: str | Path) -> object:
@@ -155,7 +168,7 @@ def read_weights(folder: str | Path) -> dict[str, torch.Tensor]:
     """Every tensor of a saved Hugging Face model: model.safetensors, its sharded form, or pytorch_model.bin."""
     folder = Path(folder)
     if (folder / "model.safetensors").exists():
-        tensors = read_safetensors(folder / "model.safetensors")
+        tensors = read_safetensors(inside(folder, folder / "model.safetensors"))
     elif (folder / SHARD_INDEX).exists():
         weight_map = read_json(folder / SHARD_INDEX, "a shard index with a 'weight_map'").get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
@@ -168,7 +181,7 @@ def read_weights(folder: str | Path) -> dict[str, torch.Tensor]:
         for shard in shards:
             tensors.update(read_safetensors(weights_file(folder, shard)))
     elif (folder / "pytorch_model.bin").exists():
-        tensors = _tensor_dict(folder / "pytorch_model.bin", torch_load(folder / "pytorch_model.bin"))
+        tensors = _tensor_dict(folder / "pytorch_model.bin", torch_load(inside(folder, folder / "pytorch_model.bin")))
     else:
         raise FileNotFoundError(f"{folder} has no model.safetensors or pytorch_model.bin; "
                                 "save one with GPT2LMHeadModel.save_pretrained(path)")
@@ -176,5 +189,5 @@ def read_weights(folder: str | Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-__all__ = ["MAX_HEADER_BYTES", "read_json", "read_safetensors", "read_weights", "torch_load", "warn_nonfinite",
+__all__ = ["MAX_HEADER_BYTES", "inside", "read_json", "read_safetensors", "read_weights", "torch_load", "warn_nonfinite",
            "weights_file"]

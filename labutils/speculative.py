@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import fake_cuda, timing
-from .generate import GenerationResult, as_batch, check_sampling, sampling_probs
+from .generate import GenerationResult, as_batch, check_logits, check_sampling, sampling_probs
 from .kvcache import KVCache, check_count
 
 PROMPT_LOOKUP = "prompt_lookup"
@@ -238,6 +238,8 @@ def speculative_generate(target, draft, ids, max_new_tokens: int, *, k: int = 4,
         m = proposal.shape[0]
         n = len(seq)
         logits = verify(target, t_cache, torch.tensor([seq[-1]], device=device), proposal)
+        if steps == 0:
+            check_logits(logits)      # once per request: NaN weights would otherwise give token 0 forever
         if temperature == 0:
             a, tok = accept_greedy(logits, proposal)
         else:

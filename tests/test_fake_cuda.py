@@ -106,7 +106,7 @@ def test_an_engine_step_through_the_paged_cache(dtype):
             first = engine._device_forward(seqs)                # the prefill of both, padded, in one forward
             for s in seqs:                                      # what _forward does on the host, with stand-ins
                 s.n_computed = len(s.tokens)
-                s.generated.append(0)
+                s.add_token(0, 0.0)
             second = engine._device_forward(seqs)               # one decode step, each row at its own position
         assert first.shape == second.shape == (2,) and second.device.type == "cuda"
         assert engine.cache.k.device.type == "cuda" and engine.cache.k.dtype == dtype

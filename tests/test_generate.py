@@ -346,3 +346,20 @@ def test_llama_style_model_gives_the_same_tokens_on_every_decode_path():
         engine.submit(p, 16)
     for r, p in zip(engine.run(), prompts):
         assert r.tokens == generate(llama, p, 16).tokens[0].tolist()
+
+
+@pytest.mark.parametrize("bad, err", [(dict(temperature=-1), ValueError), (dict(top_p=2.0), ValueError),
+                                      (dict(top_k=0), ValueError), (dict(temprature=0.5), TypeError)])
+def test_a_refused_prefill_or_decode_step_leaves_the_cache_as_it_was(bad, err):
+    """The sampling options used to be checked after the forward, which had already written the cache."""
+    model = make_model(2, seed=1)
+    ids = prompt(1, 8)
+    cache = KVCache(model.config, 1, 16, dtype=torch.float64)
+    with torch.no_grad():
+        with pytest.raises(err, match="temperature|top_p|top_k|unknown sampling option"):
+            prefill(model, ids, cache, **bad)
+        assert cache.pos == 0
+        tok = prefill(model, ids, cache)
+        with pytest.raises(err):
+            decode_step(model, tok, cache, **bad)
+        assert cache.pos == 8

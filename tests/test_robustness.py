@@ -111,6 +111,35 @@ def test_nan_weights_fail_generation_once_per_request(model):
         generate(broken, [1, 2, 3], 4)
 
 
+def _nan_fast(m):
+    from labutils.fastgen import fast_generate
+    return fast_generate(m, [1, 2, 3], 4)
+
+
+def _nan_speculative(m):
+    from labutils.speculative import PROMPT_LOOKUP, speculative_generate
+    return speculative_generate(m, PROMPT_LOOKUP, [1, 2, 3, 1, 2], 4, k=2)
+
+
+def _nan_engine(m):
+    from labutils.serving.engine import Engine
+    engine = Engine(m, 2)
+    engine.submit([1, 2, 3], 4)
+    return engine.run()
+
+
+@pytest.mark.parametrize("run", [_nan_fast, _nan_speculative, _nan_engine], ids=["fast_generate",
+                                                                               "speculative_generate", "engine"])
+def test_nan_weights_fail_every_decode_loop_not_only_generate(model, run):
+    """They used to return token 0 forever."""
+    broken = GPT(CFG).eval()
+    broken.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        broken.blocks[0].mlp.fc.weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="logits hold NaN"):
+        run(broken)
+
+
 @pytest.mark.parametrize("call, error, message", [
     (lambda: timing.ttft_s("abc"), TypeError, "timestamps must be a list of seconds, one per token, got str 'abc'"),
     (lambda: timing.tpot_s([0.1, float("nan"), 0.3]), ValueError, r"timestamps\[1\] must be a finite number >= 0"),
@@ -238,6 +267,18 @@ def test_cuda_on_a_cpu_only_torch_says_so(call):
     with pytest.raises(DeviceUnavailableError, match=r"device 'cuda' is not available on this machine.*use 'cpu'"):
         call()
     assert issubclass(DeviceUnavailableError, ValueError) and issubclass(DeviceUnavailableError, RuntimeError)
+
+
+@pytest.mark.parametrize("call", [lambda: measure.get_model("llama-2-7b"),
+                                  lambda: measure.roofline_point("llama-2-7b", "decode", 1)])
+def test_a_model_too_big_for_free_memory_is_refused_before_it_is_built(monkeypatch, call):
+    """get_model and roofline_point used to build a 7B model in fp32 (about 27 GB) on any CPU."""
+    monkeypatch.setattr(measure, "free_bytes", lambda device: 8e9)
+    built = []
+    monkeypatch.setattr(measure, "GPT", lambda *a, **k: built.append(a))
+    with pytest.raises(ValueError, match=r"llama-2-7b in fp32 needs about \d+\.\d GB to build, but only 8\.0 GB is free"):
+        call()
+    assert built == []
 
 
 def test_get_model_refuses_a_storage_dtype_by_name():

@@ -72,6 +72,33 @@ def test_shards_inside_the_folder_load(tmp_path):
     assert torch.equal(load_hf_gpt2(folder).pos_emb.weight, tensors["wpe.weight"])
 
 
+@pytest.mark.parametrize("linked", ["model.safetensors", "shard", "pytorch_model.bin"])
+def test_a_weights_file_that_links_outside_the_folder_is_refused(tmp_path, linked):
+    outside = hf_folder(tmp_path / "elsewhere")            # a real, loadable file outside the model folder
+    torch.save(hf_tensors(), outside / "pytorch_model.bin")
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(CFG))
+    if linked == "shard":
+        (folder / "a.safetensors").symlink_to(outside / "model.safetensors")
+        (folder / "model.safetensors.index.json").write_text(json.dumps(
+            {"weight_map": {name: "a.safetensors" for name in hf_tensors()}}))
+    else:
+        (folder / linked).symlink_to(outside / ("model.safetensors" if linked == "model.safetensors" else linked))
+    with pytest.raises(ValueError, match="is a link to .* which lies outside .*Copy the file into the folder"):
+        load_hf_gpt2(folder)
+
+
+def test_links_that_stay_inside_the_folder_and_a_linked_folder_load(tmp_path):
+    real = hf_folder(tmp_path / "real")
+    (real / "weights").mkdir()
+    (real / "model.safetensors").rename(real / "weights" / "w.safetensors")
+    (real / "model.safetensors").symlink_to(real / "weights" / "w.safetensors")
+    (tmp_path / "alias").symlink_to(real)                  # the folder itself may be a link
+    for folder in (real, tmp_path / "alias"):
+        assert torch.equal(load_hf_gpt2(folder).tok_emb.weight, hf_tensors()["wte.weight"])
+
+
 def test_a_shard_index_without_a_weight_map_names_the_file(tmp_path):
     folder = tmp_path / "m"
     folder.mkdir()

@@ -9,6 +9,7 @@ import torch
 from .. import quiet
 from ..progress import Steps
 from ..fastgen import pick_token
+from ..generate import check_logits
 from ..roofline import kv_bytes_per_token
 from ..validate import check_choice, check_count, check_flag, check_number, model_device, model_dtype
 from .blocks import BlockManager
@@ -144,7 +145,7 @@ class Engine:
         while self.scheduler.waiting:
             head = self.scheduler.waiting[0]
             if group and self._must_wait_for(head, group):
-                done += self._forward(group)      # prefill the group first, so head finds its blocks
+                done += self._forward(group, prefill=True)   # prefill the group first, so head finds its blocks
                 group = []
             seq = self.scheduler.admit(now)
             if seq is None:
@@ -152,7 +153,7 @@ class Engine:
             group.append(seq)
             joined += 1
         if group:
-            done += self._forward(group)          # the newcomers' prompts, in one batched prefill
+            done += self._forward(group, prefill=True)   # the newcomers' prompts, in one batched prefill
         if decode:
             done += self._forward(decode)
         self.steps += 1
@@ -208,7 +209,7 @@ class Engine:
                 return True
         return False
 
-    def _device_forward(self, seqs: list[Sequence]) -> torch.Tensor:
+    def _device_forward(self, seqs: list[Sequence], prefill: bool = False) -> torch.Tensor:
         """The device half of a forward: each sequence's uncomputed tokens in one batch (shorter rows padded on the
         left) through the paged cache, and the next greedy token of each, left on the device [len(seqs)]."""
         counts = [len(s.tokens) - s.n_computed for s in seqs]
@@ -218,12 +219,14 @@ class Engine:
                            device=self.device)
         view = self.cache.batch([s.table for s in seqs], [s.n_computed for s in seqs], counts)
         logits = self.model(ids, view, check=False, last_only=True)[:, -1]
+        if prefill:                   # once per request: NaN weights would otherwise give token 0 forever
+            check_logits(logits)
         return pick_token(logits, None)
 
-    def _forward(self, seqs: list[Sequence]) -> list[RequestResult]:
+    def _forward(self, seqs: list[Sequence], prefill: bool = False) -> list[RequestResult]:
         """Feed each sequence's uncomputed tokens in one forward, append the next token, finish who is done."""
         counts = [len(s.tokens) - s.n_computed for s in seqs]
-        tokens = self._device_forward(seqs).tolist()        # greedy; tolist() waits for the device
+        tokens = self._device_forward(seqs, prefill).tolist()        # greedy; tolist() waits for the device
         now = self.clock()
         done = []
         for seq, tok, n in zip(seqs, tokens, counts):

@@ -71,7 +71,7 @@ class Scheduler:
             return None                            # first come, first served: nobody overtakes the head
         self.waiting.popleft()
         seq.table, seq.keys, seq.n_computed = alloc.table, alloc.keys, alloc.cached_tokens
-        if not seq.generated:                      # count each prompt once, not again after a preemption
+        if not seq.n_generated:                    # count each prompt once, not again after a preemption
             seq.cached_tokens = alloc.cached_tokens
             self.prompt_tokens += len(seq.prompt)
             self.cached_tokens += alloc.cached_tokens

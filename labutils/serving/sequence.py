@@ -22,7 +22,6 @@ class Sequence:
     max_new_tokens: int
     arrival_s: float
     eos_id: int | None = None
-    generated: list[int] = field(default_factory=list)
     timestamps: list[float] = field(default_factory=list)
     table: list[int] = field(default_factory=list)       # block ids, in position order
     keys: list[bytes] = field(default_factory=list)      # prefix-cache keys of its full blocks
@@ -31,28 +30,38 @@ class Sequence:
     preemptions: int = 0
     spans: list[tuple[float, float]] = field(default_factory=list)
     joined_s: float | None = None                        # when it last joined the running batch
-
-    tokens: list[int] = field(init=False)                # prompt + generated, kept whole (not rebuilt per use)
+    # prompt + generated tokens, the one list of them: grown in place, never rebuilt per use
+    tokens: list[int] = field(init=False)
 
     def __post_init__(self):
-        self.tokens = list(self.prompt) + list(self.generated)
+        self.tokens = list(self.prompt)
 
     def add_token(self, token: int, t: float) -> None:
         """Append one generated token and the clock reading when it was made."""
-        self.generated.append(token)
         self.tokens.append(token)
         self.timestamps.append(t)
 
     @property
+    def n_generated(self) -> int:
+        return len(self.tokens) - len(self.prompt)
+
+    @property
+    def generated(self) -> list[int]:
+        """The tokens made so far (a copy): for results and tests, not for the step loop."""
+        return self.tokens[len(self.prompt):]
+
+    @property
+    def hit_eos(self) -> bool:
+        return self.eos_id is not None and self.n_generated > 0 and self.tokens[-1] == self.eos_id
+
+    @property
     def done(self) -> bool:
-        return len(self.generated) >= self.max_new_tokens or (
-            self.eos_id is not None and bool(self.generated) and self.generated[-1] == self.eos_id)
+        return self.n_generated >= self.max_new_tokens or self.hit_eos
 
     def result(self, finish_reason: str | None = None, error: str | None = None) -> RequestResult:
         if finish_reason is None:
-            hit_eos = self.eos_id is not None and self.generated and self.generated[-1] == self.eos_id
-            finish_reason = "stop" if hit_eos else "length"
-        return RequestResult(self.id, self.arrival_s, list(self.generated), list(self.timestamps), finish_reason,
+            finish_reason = "stop" if self.hit_eos else "length"
+        return RequestResult(self.id, self.arrival_s, self.generated, list(self.timestamps), finish_reason,
                              prompt_len=len(self.prompt), error=error, cached_tokens=self.cached_tokens,
                              spans=list(self.spans))
 
