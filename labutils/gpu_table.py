@@ -51,5 +51,11 @@ def markdown(gpus=GPUS, models=MODELS) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+    argparse.ArgumentParser(prog="python -m labutils.gpu_table", description=__doc__.splitlines()[0]).parse_args(argv)
     print(markdown())
+
+
+if __name__ == "__main__":
+    main()

@@ -15,6 +15,7 @@ import torch
 from . import fake_cuda, timing
 from .generate import GenerationResult, as_batch, check_logits, check_sampling, sampling_probs
 from .kvcache import KVCache, check_count
+from .validate import check_number
 
 PROMPT_LOOKUP = "prompt_lookup"
 
@@ -58,16 +59,17 @@ def expected_speedup(alpha: float, k: int, cost_ratio: float, verify_cost: float
     """Tokens per step over the time of one step, in units of one target forward (Leviathan et al. 2023):
     k draft forwards at cost_ratio each, plus one verify pass over k + 1 tokens at verify_cost target
     forwards (1 while a pass is memory-bound, more once k + 1 tokens cost more than one)."""
-    if not cost_ratio >= 0:
-        raise ValueError(f"cost_ratio (draft forward / target forward) must be >= 0, got {cost_ratio!r}")
-    if not verify_cost > 0:
-        raise ValueError(f"verify_cost (verify pass / target forward) must be > 0, got {verify_cost!r}")
+    # check_number refuses a bool: verify_cost=True would otherwise pass as 1.
+    cost_ratio = check_number("cost_ratio", cost_ratio, minimum=0, hint="a draft forward's time / a target forward's")
+    verify_cost = check_number("verify_cost", verify_cost, above=0, hint="a verify pass's time / a target forward's")
     return expected_tokens_per_step(alpha, k) / (k * cost_ratio + verify_cost)
 
 
 def lookup_proposals(seq: list[int], k: int, ngram: int = 3) -> list[int]:
     """Prompt lookup: find the latest earlier occurrence of the last n tokens (n = ngram, then shorter)
     and propose up to k tokens that followed it. No match proposes nothing."""
+    k = check_count("k", k, 0, hint="how many tokens to propose; 0 proposes none")
+    ngram = check_count("ngram", ngram, 1, hint="the longest tail to look up, e.g. 3")
     for n in range(min(ngram, len(seq) - 1), 0, -1):
         tail = seq[-n:]
         # Latest first: in a loop or a quoted passage the most recent match is the best guess.

@@ -193,7 +193,9 @@ def train(config: GPTConfig, steps: int, batch_size: int, tokens: torch.Tensor |
     if int(tokens.max()) >= config.vocab_size:
         raise ValueError(f"token id {int(tokens.max())} is outside vocab_size={config.vocab_size}; "
                          "train with the encoding that matches the config")
-    warmup = max(1, steps // 20) if warmup is None else warmup
+    warmup = max(1, steps // 20) if warmup is None else check_count("warmup", warmup, 0,
+                                                                    hint="warm-up steps, 0 for none")
+    lr = check_number("lr", lr, above=0, hint="a learning rate such as 2e-3")
     if teacher is not None:
         tc = teacher.config
         if tc.vocab_size != config.vocab_size or tc.context_length < seq_len:
@@ -300,6 +302,13 @@ def main(argv: list[str] | None = None) -> dict:
         if getattr(args, key) is None:
             setattr(args, key, value)
     args.out = out_dir if args.out is None else args.out
+    for flag, value, low in (("--steps", args.steps, 1), ("--batch-size", args.batch_size, 1),
+                             ("--warmup", args.warmup, 0), ("--threads", args.threads, 1),
+                             ("--on-policy", args.on_policy, 0)):
+        if value < low:
+            p.error(f"{flag} must be >= {low}, got {value}")
+    if not args.lr > 0:
+        p.error(f"--lr must be > 0, got {args.lr}")
 
     from .generate import generate
     from .tokenizer import get_encoding

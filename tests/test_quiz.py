@@ -92,3 +92,13 @@ def test_every_committed_bank_is_valid(path):
     for radio, question in zip(q.radios, questions):
         radio.value = question.answer
     assert q.n_correct == len(questions)
+
+
+def test_an_out_of_range_choice_never_raises_from_the_observer_and_is_named_by_check():
+    q = Quiz(QUESTIONS)
+    q._on_choice(0, 99)                           # what a stray widget value would send
+    assert "choice 99 is not one of question 1&#x27;s options 0..1" in q.feedback[0].value and q.n_answered == 0
+    with pytest.raises(ValueError, match="question index 7 is not one of"):
+        q.check(7, 0)
+    with pytest.raises(ValueError, match="choice -1 is not one of"):
+        q.check(0, -1)

@@ -354,3 +354,44 @@ def test_batch_roofline_refuses_a_row_missing_a_key():
     assert "lacks [&#x27;intensity&#x27;]" in view.status.value
     view.slider.value = 1
     assert "tokens/s" in view.status.value
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: __import__("labutils.speculative", fromlist=["x"]).expected_speedup(0.8, 4, 0.1, verify_cost=True),
+     "verify_cost must be a number, got bool True"),
+    (lambda: __import__("labutils.speculative", fromlist=["x"]).expected_speedup(0.8, 4, -0.1), "cost_ratio"),
+    (lambda: __import__("labutils.speculative", fromlist=["x"]).lookup_proposals([1, 2, 1, 2], -1), "k must be >= 0"),
+    (lambda: __import__("labutils.speculative", fromlist=["x"]).lookup_proposals([1, 2, 1, 2], 2, ngram=0),
+     "ngram must be >= 1"),
+])
+def test_silently_accepted_arguments_are_refused(call, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        call()
+
+
+def test_train_refuses_a_negative_warmup_and_learning_rate():
+    from labutils.train import train
+    cfg = GPTConfig(vocab_size=64, context_length=8, n_layer=1, n_head=1, n_embd=8)
+    tokens = torch.arange(64).repeat(4)
+    with pytest.raises(ValueError, match="warmup must be >= 0"):
+        train(cfg, 2, 1, tokens, warmup=-5, show_progress=False)
+    with pytest.raises(ValueError, match="lr must be a finite number > 0, got -1.0"):
+        train(cfg, 2, 1, tokens, lr=-1.0, show_progress=False)
+
+
+def test_gpu_table_refuses_unknown_arguments(capsys):
+    from labutils import gpu_table
+    with pytest.raises(SystemExit) as exit_:
+        gpu_table.main(["--bogus"])
+    assert exit_.value.code == 2 and "unrecognized arguments: --bogus" in capsys.readouterr().err
+    gpu_table.main([])
+    assert capsys.readouterr().out.startswith("| GPU (datasheet)")
+
+
+@pytest.mark.parametrize("argv, match", [(["--warmup", "-5"], "--warmup must be >= 0, got -5"),
+                                         (["--steps", "0"], "--steps must be >= 1"), (["--lr", "-1"], "--lr must be > 0")])
+def test_the_train_command_refuses_bad_numbers_before_training(argv, match, capsys):
+    from labutils.train import main
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2 and match in capsys.readouterr().err

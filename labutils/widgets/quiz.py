@@ -108,7 +108,16 @@ class Quiz(w.VBox):
 
     def check(self, index: int, choice: int) -> bool:
         """Is `choice` the right option for question `index`? (the plain function behind the widget)"""
+        self._check_choice(index, choice)
         return choice == self.questions[index].answer
+
+    def _check_choice(self, index, choice) -> None:
+        n = len(self.questions)
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < n:
+            raise ValueError(f"question index {index!r} is not one of 0..{n - 1}")
+        options = self.questions[index].options
+        if isinstance(choice, bool) or not isinstance(choice, int) or not 0 <= choice < len(options):
+            raise ValueError(f"choice {choice!r} is not one of question {index + 1}'s options 0..{len(options) - 1}")
 
     def feedback_text(self, index: int, choice: int) -> str:
         q = self.questions[index]
@@ -126,6 +135,11 @@ class Quiz(w.VBox):
     def _on_choice(self, index: int, choice: int | None) -> None:
         if choice is None:
             self.feedback[index].value = ""
+            return
+        try:
+            self._check_choice(index, choice)
+        except ValueError as err:      # an observer never raises: say it where the feedback goes
+            self.feedback[index].value = f'<div style="color:#b35900">{html.escape(str(err))}</div>'
             return
         if self.first_choice[index] is None:
             self.first_choice[index] = choice
