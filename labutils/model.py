@@ -207,8 +207,35 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+# Deeper than any published model (Llama 3.1 405B has 126 layers); building 10**6 blocks would run for hours.
+MAX_LAYERS = 1024
+
+
+def check_buildable(config: GPTConfig) -> None:
+    """Refuse a model this machine cannot build, before any parameter is allocated: too many layers, or
+    more parameter bytes (in torch's default dtype, on its default device) than the free memory."""
+    if not isinstance(config, GPTConfig):
+        raise TypeError(f"GPT takes a GPTConfig, got {type(config).__name__}; use GPT(GPTConfig(...)) or "
+                        "GPTConfig.preset(name)")
+    if config.n_layer > MAX_LAYERS:
+        raise ValueError(f"GPTConfig.n_layer={config.n_layer:,} is more than {MAX_LAYERS} layers, deeper than any "
+                         "real model; building it would not finish. Choose a few to a hundred layers")
+    device = torch.get_default_device()
+    if device.type not in ("cpu", "cuda", "mps"):
+        return                                   # meta and the like hold shapes, not memory
+    from .hardware import free_memory_bytes
+    from .validate import DoesNotFitError
+    dtype = torch.get_default_dtype()
+    need, free = config.num_params() * dtype.itemsize, free_memory_bytes(device)
+    if free is not None and need > 0.9 * free:
+        raise DoesNotFitError(f"this GPT has {config.num_params():,} parameters, {need / 1e9:,.1f} GB in {dtype}, "
+                              f"but only {free / 1e9:.1f} GB is free on {device.type}; choose a smaller shape "
+                              "(fewer layers, a smaller width or vocab)")
+
+
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
+        check_buildable(config)
         super().__init__()
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)

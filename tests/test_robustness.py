@@ -395,3 +395,19 @@ def test_the_train_command_refuses_bad_numbers_before_training(argv, match, caps
     with pytest.raises(SystemExit) as exit_:
         main(argv)
     assert exit_.value.code == 2 and match in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cfg, match", [
+    (dict(n_layer=10 ** 6, n_head=1, n_embd=8, vocab_size=16, context_length=8), "more than 1024 layers"),
+    (dict(n_layer=1, n_head=1, n_embd=8, vocab_size=10 ** 12, context_length=8), "parameters, .* GB in torch.float32"),
+])
+def test_a_gpt_this_machine_cannot_build_is_refused_before_allocating(cfg, match):
+    """GPT(GPTConfig(n_layer=10**6)) ran without end; vocab_size=10**12 reached the allocator."""
+    from labutils.validate import DoesNotFitError
+    with pytest.raises((ValueError, DoesNotFitError), match=match):
+        GPT(GPTConfig(**cfg))
+
+
+def test_gpt_refuses_a_preset_name_in_place_of_a_config():
+    with pytest.raises(TypeError, match=r"GPT takes a GPTConfig, got str; use GPT\(GPTConfig\(...\)\)"):
+        GPT("tiny")
