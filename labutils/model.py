@@ -226,9 +226,10 @@ def check_buildable(config: GPTConfig) -> None:
     from .hardware import free_memory_bytes
     from .validate import DoesNotFitError
     dtype = torch.get_default_dtype()
-    need, free = config.num_params() * dtype.itemsize, free_memory_bytes(device)
+    n_params = config.num_params()
+    need, free = n_params * dtype.itemsize, free_memory_bytes(device)
     if free is not None and need > 0.9 * free:
-        raise DoesNotFitError(f"this GPT has {config.num_params():,} parameters, {need / 1e9:,.1f} GB in {dtype}, "
+        raise DoesNotFitError(f"this GPT has {n_params:,} parameters, {need / 1e9:,.1f} GB in {dtype}, "
                               f"but only {free / 1e9:.1f} GB is free on {device.type}; choose a smaller shape "
                               "(fewer layers, a smaller width or vocab)")
 

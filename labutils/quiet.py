@@ -66,9 +66,12 @@ def _tree_ticks(root: int) -> int:
     A process's cutime/cstime hold the children it has waited for, so a child that ends during a
     measurement still counts once it is reaped; live descendants are found through their parent ids.
     """
-    fields = _stat_fields("self" if root == os.getpid() else root)
+    own = root == os.getpid()
+    fields = _stat_fields("self" if own else root)
     if fields is None:
-        return 0
+        if own:
+            raise OSError("no /proc/self/stat")
+        return 0                 # a tree that has already gone
     children: dict[int, list[tuple[int, list[str]]]] = {}
     for name in os.listdir("/proc"):
         if name.isdigit() and (f := _stat_fields(name)) is not None:
@@ -86,8 +89,6 @@ _credited = 0     # ticks of stopped processes this process started that ended u
 
 def _own_ticks() -> int:
     """CPU ticks of this process and of the processes it started, alive, reaped or credited by `stopping`."""
-    if _stat_fields("self") is None:
-        raise OSError("no /proc/self/stat")
     return _tree_ticks(os.getpid()) + _credited
 
 

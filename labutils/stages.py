@@ -14,7 +14,7 @@ from . import quiet, roofline, timing
 from .attention_cost import _quiet_stderr
 from .fastgen import STAGES, FastDecoder, decoder_for
 from .generate import GenerationResult, check_request, generate
-from .validate import check_count
+from .validate import check_count, model_device
 
 # The bars of lesson 08's chart: lesson 05's generate(), then one overhead removed per stage.
 LADDER = ("generate", *STAGES)
@@ -61,7 +61,7 @@ def _runner(req: Request) -> tuple[Callable[[], GenerationResult], float, str, s
     settings = STAGES[req.stage]
     with warnings.catch_warnings():     # the reason is kept in dec.fallback, and shown by the caller
         warnings.simplefilter("ignore", RuntimeWarning)
-        on_gpu = next(req.model.parameters()).device.type == "cuda"
+        on_gpu = model_device(req.model).type == "cuda"
         if settings["mode"] == "eager" or settings["cache"] != "static" or not on_gpu:
             dec = FastDecoder(req.model, ids.shape[0], ids.shape[1] + n, **settings)
         else:                           # a captured step is kept per shape bucket: never captured twice
