@@ -167,6 +167,10 @@ class CausalSelfAttention(nn.Module):
             cos, sin = rope_angles(pos, self.head_dim, q.dtype)          # once for q and k
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         q_offset, mask = 0, None
+        if cache is not None and hasattr(cache, "attend"):
+            # A packed batch (serving.paged_cache): many requests end to end, each attending to its own blocks.
+            y = cache.attend(self.layer_idx, q, k, v, self.impl)
+            return self.proj(y.transpose(1, 2).reshape(B, T, C))
         if cache is not None:
             # KVCache returns the written prefix (mask None: causal by offset); a static cache returns
             # its whole buffer and the mask of the keys written so far (labutils.static_cache).
@@ -280,19 +284,21 @@ class GPT(nn.Module):
         """Refuse input the model cannot embed, with a message that says how to fix it."""
         check_token_ids("ids", ids, self.config.vocab_size, self.config.context_length, start)
 
-    def forward(self, ids: torch.Tensor, cache=None, *, check: bool = True, last_only: bool = False) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, cache=None, *, check: bool = True, last_only: bool = False,
+                logits_at: torch.Tensor | None = None) -> torch.Tensor:
         """ids [batch, seq] -> logits [batch, seq, vocab]. With a cache, ids continue from cache.pos.
 
         A cache is anything with begin(n) -> positions, update(layer, k, v) -> (keys, values), a
         `mask` (None, or [n, keys] bool), advance(n), pos and check_fits: kvcache.KVCache and
-        static_cache.StaticKVCache both are, and so is serving.paged_cache.PagedBatch, whose
-        positions are [batch, n] (a position per request) and whose mask is [batch, 1, n, keys].
+        static_cache.StaticKVCache both are. serving.paged_cache.PackedBatch lays many requests end to end in
+        one row ([1, n], a position per token) and attends itself (`attend`), each request to its own keys.
 
         `check=False` skips input validation (a host sync); decode_step feeds the model's own
         argmax, which is always in range. `last_only=True` returns logits for the last position
         only ([batch, 1, vocab]): generation needs nothing else, and for a long prompt the output
         layer over every position is a large share of prefill's FLOPs and a [T, vocab] tensor.
-        Training keeps every position.
+        Training keeps every position. `logits_at` (token indices of row 0) returns those positions'
+        logits only, [1, len(logits_at), vocab]: a packed batch needs each finished request's last token.
         """
         if check:
             # int(): a static cache keeps pos on the device; reading it is a host sync, like check_ids.
@@ -313,6 +319,8 @@ class GPT(nn.Module):
             cache.advance(T)
         if last_only:
             x = x[:, -1:]
+        elif logits_at is not None:
+            x = x[:, logits_at]
         return self.lm_head(self.ln_f(x))
 
 

@@ -102,7 +102,7 @@ def test_serving_row_runs_on_quick_settings():
 def test_the_vllm_row_skips_with_a_reason_where_it_cannot_run(monkeypatch):
     monkeypatch.setattr(bench.vllm_server, "vllm_python", lambda: None)
     row = bench.engine_vs_vllm(bench.BenchSettings(quick=False))
-    assert row.status == "SKIP" and "make vllm" in row.detail and row.target == ">= 0.5"
+    assert row.status == "SKIP" and "make vllm" in row.detail and row.target == bench.ENGINE_VS_VLLM_TARGET == ">= 0.9"
     monkeypatch.setattr(bench.vllm_server, "vllm_python", lambda: "/usr/bin/python3")
     row = bench.engine_vs_vllm(bench.BenchSettings(quick=True))
     assert row.status == "SKIP" and "--quick" in row.detail

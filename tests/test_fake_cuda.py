@@ -101,15 +101,16 @@ def test_an_engine_step_through_the_paged_cache(dtype):
         engine.submit([1, 2, 3, 4, 5], 3)
         engine.submit([6, 7], 3)
         engine._arrive(0.0)
-        seqs = [engine.scheduler.admit(0.0) for _ in range(2)]
+        plan = engine.scheduler.schedule(0.0)                   # both prompts, whole
         with torch.inference_mode(), sixteen_bit(m, dtype):
-            first = engine._device_forward(seqs)                # the prefill of both, padded, in one forward
-            for s in seqs:                                      # what _forward does on the host, with stand-ins
-                s.n_computed = len(s.tokens)
+            _, first = engine._device_forward(plan)             # the prefill of both, packed, in one forward
+            for s, n in plan:                                   # what _forward does on the host, with stand-ins
+                s.n_computed += n
                 s.add_token(0, 0.0)
-            second = engine._device_forward(seqs)               # one decode step, each row at its own position
+            _, second = engine._device_forward([(s, 1) for s, _ in plan])   # one decode step, each at its position
+        assert [n for _, n in plan] == [5, 2]
         assert first.shape == second.shape == (2,) and second.device.type == "cuda"
-        assert engine.cache.k.device.type == "cuda" and engine.cache.k.dtype == dtype
+        assert engine.cache.device.type == "cuda" and engine.cache.k[0].dtype == dtype
     traced("engine forward over the paged cache (prefill, then decode)", dtype)
 
 

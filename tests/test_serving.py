@@ -41,15 +41,18 @@ def max_batch_seen(engine):
 
 # --- batched == solo ---------------------------------------------------------------------------------
 
-@settings(max_examples=12)
+@settings(max_examples=16)
 @given(data=st.data(), max_batch=st.integers(1, 5), block_size=st.sampled_from([1, 4, 16]),
-       mode=st.sampled_from(["continuous", "static"]), caching=st.booleans(), kind=st.sampled_from([0, 1, 2]))
-def test_every_request_gets_its_solo_greedy_tokens(data, max_batch, block_size, mode, caching, kind):
-    """Random prompt lengths (some sharing a prefix), output lengths, arrival times and batch limits."""
+       mode=st.sampled_from(["continuous", "static"]), caching=st.booleans(), kind=st.sampled_from([0, 1, 2]),
+       budget=st.sampled_from([None, 5, 7, 64]), chunked=st.booleans())
+def test_every_request_gets_its_solo_greedy_tokens(data, max_batch, block_size, mode, caching, kind, budget, chunked):
+    """Random prompt lengths (some sharing a prefix), output lengths, arrival times, batch limits and token budgets."""
     m = model(*[(4, False, 0), (2, False, 1), (1, True, 2)][kind])
     rng = random.Random(data.draw(st.integers(0, 10**6)))
     shared = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 40))]
-    engine = Engine(m, max_batch, block_size=block_size, prefix_caching=caching, mode=mode)
+    budget = budget if chunked else None          # without chunking the budget must hold a whole context
+    engine = Engine(m, max_batch, block_size=block_size, prefix_caching=caching, mode=mode,
+                    max_num_batched_tokens=budget, chunked_prefill=chunked)
     requests = []
     for _ in range(rng.randint(2, 7)):
         prompt = (shared if rng.random() < 0.5 else []) + [rng.randrange(VOCAB) for _ in range(rng.randint(1, 30))]
@@ -75,16 +78,16 @@ def test_requests_really_decode_side_by_side_at_their_own_positions():
         for p in prompts:
             engine.submit(p, 40)
         results = engine.run()
-    assert shapes[0] == (4, 20)                           # one prefill for all four, padded to the longest ...
-    assert set(shapes[1:]) == {(4, 1)}                    # ... then decode steps with 4 rows
+    assert shapes[0] == (1, sum(map(len, prompts)))       # one prefill for all four, packed end to end ...
+    assert set(shapes[1:]) == {(1, 4)}                    # ... then decode steps of 4 tokens, one per request
     for r, p in zip(results, prompts):
         assert r.tokens == solo(m, p, 40)
         assert len(set(r.tokens)) >= 8, f"random model degenerated to {r.tokens}"
 
 
-def test_a_padded_prefill_row_leaves_its_cached_prefix_alone():
-    """A short row (its prefix cached) prefilled beside a long one is padded on the left; the padding
-    must write to the scratch block, never into the row's blocks or the shared prefix."""
+def test_a_packed_prefill_leaves_a_cached_prefix_alone():
+    """Rows whose prefix is cached, prefilled beside a long one in one packed forward: each writes its own
+    slots only, never the shared prefix, and no token is padding."""
     m = model()
     system = [(5 * i) % VOCAB for i in range(40)]
     engine = Engine(m, 4)
@@ -94,22 +97,91 @@ def test_a_padded_prefill_row_leaves_its_cached_prefix_alone():
         for p in (system + [2], list(range(50, 80)), system + [3]):
             engine.submit(p, 12)
         results = engine.run()
-    assert shapes[0] == (3, 30) and [r.cached_tokens for r in results] == [32, 0, 32]
+    assert shapes[0] == (1, 9 + 30 + 9) and [r.cached_tokens for r in results] == [32, 0, 32]
     assert [r.tokens for r in results] == [solo(m, p, 12) for p in (system + [2], list(range(50, 80)), system + [3])]
-    assert engine.cache.blocks_allocated >= engine.blocks.high_water     # no table points at the scratch block
+    assert engine.cache.blocks_allocated >= engine.blocks.high_water
 
 
-def test_a_prefill_too_big_for_one_forward_is_split(monkeypatch):
-    monkeypatch.setattr(engine_mod, "MAX_PREFILL_TOKENS", 40)
+def test_a_prompt_longer_than_the_budget_is_chunked_never_refused():
     m = model()
-    prompts = [list(range(i, i + 15)) for i in range(5)]
     with count_forwards(m) as shapes:
-        engine = Engine(m, 5)
-        for p in prompts:
-            engine.submit(p, 6)
+        engine = Engine(m, 1, max_num_batched_tokens=7)
+        engine.submit(list(range(20)), 3)
+        (r,) = engine.run()
+    assert shapes == [(1, 7), (1, 7), (1, 6), (1, 1), (1, 1)]     # 20 prompt tokens in chunks of 7, then decodes
+    assert r.tokens == solo(m, list(range(20)), 3) and len(r.timestamps) == 3
+
+
+def test_decodes_go_first_and_prefill_chunks_fill_the_rest_of_the_budget():
+    """Two streams decoding when a long prompt arrives: each step feeds both decode tokens, and the prompt
+    only what is left of the budget; without chunking the prompt runs whole in one step beside them."""
+    m = model()
+    long = [(5 * j) % VOCAB for j in range(60)]
+    for chunked, expect in ((True, [2 + 8] * 7 + [2 + 4]), (False, [2 + 60])):
+        engine = Engine(m, 3, max_num_batched_tokens=10 if chunked else CTX, chunked_prefill=chunked)
+        engine.submit([1, 2, 3], 30)
+        engine.submit([4, 5], 30)
+        for _ in range(3):
+            engine.step()
+        engine.submit(long, 5)
+        steps = []
+        while engine.next_arrival_s is not None or engine.scheduler.waiting or any(
+                s.remaining > 1 for s in engine.scheduler.running):
+            engine.step()
+            row = engine.timeline[-1]
+            steps.append(row["decode_tokens"] + row["prefill_tokens"])
+        assert steps == expect, chunked
         results = engine.run()
-    assert shapes[:3] == [(2, 15), (2, 15), (1, 15)]          # at most 40 padded tokens per prefill
-    assert [r.tokens for r in results] == [solo(m, p, 6) for p in prompts]
+        assert [r.tokens for r in results] == [solo(m, p, n) for p, n in
+                                               (([1, 2, 3], 30), ([4, 5], 30), (long, 5))]
+
+
+@pytest.mark.parametrize("budget", [1, 7, 64])
+def test_chunked_prefill_keeps_the_solo_tokens_with_preemption_and_prefix_hits(budget):
+    m = model(2, False, 1)
+    block_bytes = Engine(m, 1, block_size=4).cache.block_bytes
+    max_batch = min(budget, 4)
+    engine = Engine(m, max_batch, block_size=4, kv_budget_bytes=30 * block_bytes, max_num_batched_tokens=budget)
+    system = [(11 * j) % VOCAB for j in range(13)]
+    prompts = [system + [(7 * i + j) % VOCAB for j in range(6 + i)] for i in range(5)]
+    for p in prompts:
+        engine.submit(p, 30)
+    results = engine.run()
+    assert [r.tokens for r in results] == [solo(m, p, 30) for p in prompts]
+    assert engine.stats["cached_tokens"] > 0
+    assert budget == 1 or engine.stats["preemptions"] > 0      # one request at a time never runs out of blocks
+    assert max(row["decode_tokens"] + row["prefill_tokens"] for row in engine.timeline) <= budget
+    assert engine.blocks.used == 0
+
+
+def test_packed_forwards_compute_no_padding():
+    """Token rows the model computed == tokens that needed computing: uncached prompt tokens, and every
+    generated token but the last (no preemption here)."""
+    m = model()
+    engine = Engine(m, 4, max_num_batched_tokens=24)
+    prompts = [list(range(i, i + 5 + 9 * i)) for i in range(5)]
+    for p in prompts:
+        engine.submit(p, 12)
+    with count_forwards(m) as shapes:
+        results = engine.run()
+    real = sum(r.prompt_len - r.cached_tokens + len(r.tokens) - 1 for r in results)
+    assert sum(w for _, w in shapes) == engine.stats["token_rows"] == real
+    assert all(b == 1 for b, _ in shapes)
+
+
+def test_sampled_requests_follow_their_seeds_beside_anything():
+    """A sampled request draws from its own generator through generate()'s sampler: its tokens are those of
+    generate() with the same seed, whatever runs beside it and however its prompt is chunked."""
+    m = model()
+    opts = [dict(temperature=0.9, top_k=20, seed=3), dict(temperature=1.2, top_p=0.9, seed=4), {}]
+    prompts = [list(range(1, 18)), list(range(30, 39)), list(range(60, 90))]
+    expect = [generate(m, p, 16, **o).tokens[0].tolist() for p, o in zip(prompts, opts)]
+    for max_batch, budget in ((3, None), (3, 5), (1, 1)):
+        engine = Engine(m, max_batch, max_num_batched_tokens=budget)
+        for p, o in zip(prompts, opts):
+            engine.submit(p, 16, **o)
+        assert [r.tokens for r in engine.run()] == expect, (max_batch, budget)
+    assert expect[0] != generate(m, prompts[0], 16, temperature=0.9, top_k=20, seed=5).tokens[0].tolist()
 
 
 def test_preemption_by_recompute_keeps_the_tokens():
@@ -157,7 +229,7 @@ def test_a_shared_prefix_is_served_from_the_cache():
     assert engine.stats["cached_tokens"] == 32 and engine.stats["hit_rate"] == 32 / (43 + 42)
 
 
-def test_requests_joining_in_one_step_reuse_the_prefix_the_first_one_just_wrote():
+def test_requests_arriving_together_reuse_the_prefix_the_first_one_writes():
     m = model()
     system = list(range(40))
     engine = Engine(m, 4)
@@ -177,7 +249,8 @@ def test_the_cached_blocks_are_really_read():
     engine.submit(system + [50], 12)
     engine.run()
     with torch.inference_mode():                           # the engine made its storage in inference mode
-        engine.cache.k.mul_(-1.0)
+        for pool in engine.cache.k:
+            pool.mul_(-1.0)
     engine.submit(system + [60], 12)
     corrupted, = engine.run()
     assert corrupted.cached_tokens == 32 and corrupted.tokens != solo(m, system + [60], 12)
@@ -295,7 +368,7 @@ def test_storage_grows_with_the_load_not_the_worst_case():
     engine.submit([1, 2, 3], 4)
     engine.run()
     stats = engine.stats
-    assert stats["kv_bytes_allocated"] == stats["block_bytes"] * (engine.cache.blocks_allocated + 1)   # + scratch
+    assert stats["kv_bytes_allocated"] == stats["block_bytes"] * engine.cache.blocks_allocated
     assert engine.cache.blocks_allocated < stats["n_blocks"] == 8 * math.ceil(CTX / 16)
 
 
@@ -322,6 +395,12 @@ def test_a_request_longer_than_the_context_is_rejected_and_the_others_go_on():
     (dict(kv_budget_bytes=-1), ValueError, "kv_budget_bytes must be >= 0"),
     (dict(mode="fifo"), ValueError, r"unknown mode 'fifo'; choose one of \['continuous', 'static'\]"),
     (dict(prefix_caching="yes"), TypeError, "prefix_caching must be True or False"),
+    (dict(max_num_batched_tokens=1), ValueError, "max_num_batched_tokens=1 is smaller than max_batch_size=2: every "
+                                                 "step must fit one token for each running request"),
+    (dict(max_num_batched_tokens=0), ValueError, "max_num_batched_tokens must be >= 1"),
+    (dict(max_num_batched_tokens=8, chunked_prefill=False), ValueError,
+     f"max_num_batched_tokens=8 is below the context length {CTX}: without chunked prefill a whole prompt"),
+    (dict(chunked_prefill=1), TypeError, "chunked_prefill must be True or False"),
 ])
 def test_bad_engine_settings(kwargs, exc, match):
     kwargs = {"max_batch_size": 2, **kwargs}
@@ -344,6 +423,9 @@ def test_not_a_model():
     (([1, 2], 4), dict(arrival_s=-1), ValueError, "arrival_s must be a finite number >= 0"),
     (([1, 2], 4), dict(arrival_s=1e9), ValueError, "arrival_s must be a finite number >= 0 and <= 3600"),
     (([1, 2], 4), dict(eos_id=VOCAB), ValueError, f"eos_id must be <= {VOCAB - 1}"),
+    (([1, 2], 4), dict(temperature=-1), ValueError, "temperature"),
+    (([1, 2], 4), dict(temperature=1, top_p=0), ValueError, "top_p"),
+    (([1, 2], 4), dict(temperature=1, seed=-3), ValueError, "seed"),
 ])
 def test_bad_requests_are_refused_at_submit(args, kwargs, exc, match):
     engine = Engine(model(), 2)
@@ -367,7 +449,7 @@ def test_gpu_engine_gives_the_solo_tokens():
     for p in prompts:
         engine.submit(p, 30)
     results = engine.run()
-    assert engine.cache.k.device.type == "cuda" and max_batch_seen(engine) == 4
+    assert engine.cache.device.type == "cuda" and max_batch_seen(engine) == 4
     assert [r.tokens for r in results] == [solo(m, p, 30) for p in prompts]
 
 

@@ -27,7 +27,7 @@ def test_a_run_serves_the_controls_workload_and_shows_the_meters(model):
     dash.prompt.value, dash.output.value, dash.prefix.value = (4, 12), (2, 6), 32
     served = dash.button.click() or dash.served
     wl, slots, kw = calls[-1]
-    assert slots == 3 and kw == {"prefix_caching": True} and len(wl) == 6
+    assert slots == 3 and kw == {"prefix_caching": True, "max_num_batched_tokens": 2048} and len(wl) == 6
     assert all(r.arrival_s == 0 for r in wl) and len({r.prompt_ids[:32] for r in wl}) == 1
     assert served.summary.n_completed == 6 and served.stats["hit_rate"] > 0
     for text in ("TTFT p50 / p99", "TPOT p50 / p99", "output tokens/s", "hit rate", "6 of 6 completed"):
@@ -38,7 +38,7 @@ def test_a_run_serves_the_controls_workload_and_shows_the_meters(model):
 
     dash.caching.value = False
     off = dash.run()
-    assert off.stats["hit_rate"] == 0 and calls[-1][2] == {"prefix_caching": False}
+    assert off.stats["hit_rate"] == 0 and calls[-1][2] == {"prefix_caching": False, "max_num_batched_tokens": 2048}
 
 
 def test_an_impossible_setting_is_explained_in_the_widget_and_the_last_results_stay(model):
@@ -87,3 +87,28 @@ def test_a_run_on_a_busy_machine_says_so(model, monkeypatch):
     fake_counters(monkeypatch, others_per_reading=150)
     dash.run()
     assert "busy machine" in dash.status.value and "timings are unreliable" in dash.status.value
+
+
+def test_the_chunked_switch_and_the_token_budget_reach_the_engine():
+    from labutils.widgets.serving_dashboard import budget_options
+    m = make_model()
+    calls = []
+
+    def spy(model, wl, slots, **kw):
+        calls.append(kw)
+        return serve(model, wl, slots, **kw)
+
+    dash = ServingDashboard(m, n_requests=4, serve_fn=spy)
+    dash.at_once.value = True
+    dash.budget.value = 16
+    served = dash.run()
+    assert calls[-1]["max_num_batched_tokens"] == 16 and served is not None
+    assert max(row["decode_tokens"] + row["prefill_tokens"] for row in served.timeline) <= 16
+    dash.chunked.value = False
+    assert dash.budget.disabled
+    dash.run()
+    assert calls[-1] == {"prefix_caching": True, "chunked_prefill": False}
+    dash.slots.value, dash.chunked.value = 32, True            # a budget below the batch: the engine's error, shown
+    assert dash.run() is None and "smaller than max_batch_size=32" in dash.status.value
+    assert budget_options(96) == [16, 32, 64, 128, 256, 512, 1024, 2048]
+    assert budget_options(4096)[-1] == 4096

@@ -6,30 +6,34 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import quiet
+from .. import fake_cuda, quiet
 from ..progress import Steps
-from ..fastgen import pick_token
-from ..generate import check_logits
+from ..generate import check_logits, check_sampling, sample
 from ..roofline import kv_bytes_per_token
-from ..validate import check_choice, check_count, check_flag, check_number, model_device, model_dtype
+from ..validate import check_choice, check_count, check_flag, check_number, check_seed, model_device, model_dtype
 from .blocks import BlockManager
-from .paged_cache import PagedKVCache
+from .paged_cache import PagedKVCache, Row
 from .scheduler import MODES, Scheduler
 from .sequence import Sequence
 from .workload import MAX_ARRIVAL_S, RequestResult, Summary, Workload, summarize
 
-# Padded tokens (rows x longest row) one batched prefill may feed: bounds its activations and attention scores.
-MAX_PREFILL_TOKENS = 8192
+# vLLM's default token budget for an online server (its API server's max_num_batched_tokens with chunked prefill).
+DEFAULT_BATCHED_TOKENS = 2048
 
 
 class Engine:
     """Serve many requests with one model: Engine(model, max_batch_size).submit(...) ... .run().
 
-    Each step() prefills the requests that join (together, in one padded forward, reusing cached
-    prefix blocks) and then decodes one token for every request already running, in one batched
-    forward whose rows sit at different positions. Decoding is greedy, so a request's tokens are those of its
-    solo generate() run. Times are seconds on the real clock since the workload started: the
-    first step() after the engine was idle (run() starts with one).
+    Each step() is one forward over a plan the scheduler makes under a token budget,
+    `max_num_batched_tokens`, as vLLM V1 plans a step: one token for every running request that is
+    decoding, then prefill tokens of newcomers (reusing cached prefix blocks) in what is left. With
+    `chunked_prefill` (the default, as in vLLM V1) a prompt longer than what is left is split across
+    steps, so a long prompt never stalls the running streams for longer than one budget's worth of
+    tokens; without it a prompt runs whole. The scheduled tokens go through the model packed end to
+    end (serving.paged_cache.PackedBatch), not padded, each at its own position. Greedy requests get the
+    tokens of their solo generate() run; a sampled one (temperature > 0) draws from its own seeded
+    generator through generate()'s sampler, so its seed reproduces it. Times are seconds on the real
+    clock since the workload started: the first step() after the engine was idle (run() starts with one).
 
     kv_budget_bytes bounds the paged KV cache: blocks held by running requests plus blocks kept
     for prefix reuse. None gives room for max_batch_size requests at the full context, so nothing
@@ -39,7 +43,8 @@ class Engine:
     """
 
     def __init__(self, model, max_batch_size: int, *, block_size: int = 16, prefix_caching: bool = True,
-                 kv_budget_bytes: int | None = None, mode: str = "continuous"):
+                 kv_budget_bytes: int | None = None, mode: str = "continuous",
+                 max_num_batched_tokens: int | None = None, chunked_prefill: bool = True):
         if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
             raise TypeError(f"model must be a labutils GPT, got {type(model).__name__}")
         ctx = model.config.context_length
@@ -49,6 +54,9 @@ class Engine:
         if kv_budget_bytes is not None:
             kv_budget_bytes = check_count("kv_budget_bytes", kv_budget_bytes, 0)
         mode = check_choice("mode", mode, MODES)
+        chunked_prefill = check_flag("chunked_prefill", chunked_prefill)
+        self.max_num_batched_tokens = self._check_budget(max_num_batched_tokens, max_batch_size, chunked_prefill, ctx)
+        self.chunked_prefill = chunked_prefill
         self.model, self.config = model, model.config
         self.device, self.dtype = model_device(model), model_dtype(model)
         self.max_batch_size, self.block_size, self.mode = max_batch_size, block_size, mode
@@ -58,7 +66,8 @@ class Engine:
         n_blocks = max(budget, per_request)
         self.blocks = BlockManager(n_blocks, block_size, prefix_caching=prefix_caching, budget_blocks=budget)
         self.cache = PagedKVCache(self.config, block_size, n_blocks, self.device, self.dtype)
-        self.scheduler = Scheduler(self.blocks, max_batch_size, mode)
+        self.scheduler = Scheduler(self.blocks, max_batch_size, self.max_num_batched_tokens,
+                                   chunked=chunked_prefill, mode=mode)
         self.finished: list[RequestResult] = []     # results of the current (or last) workload
         self.timeline: list[dict] = []              # one row per step: time, batch, queue, blocks
         self.wall_s = 0.0                           # the last workload's duration: start to the end of its last step
@@ -68,11 +77,32 @@ class Engine:
         self._t0: float | None = None
         self.steps = 0
         self.peak_blocks = 0
+        self.token_rows = 0                         # token rows the model computed, over every forward
+
+    @staticmethod
+    def _check_budget(budget, max_batch_size: int, chunked: bool, ctx: int) -> int:
+        """The token budget per step: vLLM's defaults, and its two rules (one token per running request fits;
+        without chunking, so does a whole prompt)."""
+        if budget is None:
+            return max(DEFAULT_BATCHED_TOKENS, max_batch_size, 0 if chunked else ctx)
+        budget = check_count("max_num_batched_tokens", budget, 1)
+        if budget < max_batch_size:
+            raise ValueError(f"max_num_batched_tokens={budget} is smaller than max_batch_size={max_batch_size}: every "
+                             "step must fit one token for each running request; raise the budget or lower "
+                             "max_batch_size")
+        if not chunked and budget < ctx:
+            raise ValueError(f"max_num_batched_tokens={budget} is below the context length {ctx}: without chunked "
+                             "prefill a whole prompt must fit one step; raise the budget or set chunked_prefill=True")
+        return budget
 
     # -- requests in -------------------------------------------------------------------------------
 
-    def submit(self, prompt_ids, max_new_tokens: int, arrival_s: float = 0.0, eos_id: int | None = None) -> int:
+    def submit(self, prompt_ids, max_new_tokens: int, arrival_s: float = 0.0, eos_id: int | None = None, *,
+               temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+               seed: int | None = None) -> int:
         """Queue one request; returns its id. arrival_s: seconds after the workload starts (the first step).
+        temperature, top_k, top_p and seed mean what they mean in generate(); a prompt longer than the token
+        budget is chunked, never refused.
 
         A request longer than the context is not refused here: it comes back from run() with
         finish_reason "rejected" and the reason in `error`, and the others go on.
@@ -85,9 +115,13 @@ class Engine:
         V = self.config.vocab_size
         if eos_id is not None:
             eos_id = check_count("eos_id", eos_id, 0, V - 1, hint=f"a token id of this model's vocab (0..{V - 1}), or None")
+        check_sampling(temperature, top_k, top_p)
+        seed = None if seed is None else check_seed(seed)
         if self._t0 is not None:             # the clock runs: a request cannot arrive in the past
             arrival_s = max(float(arrival_s), self.clock())
-        seq = Sequence(self._next_id, prompt, max_new_tokens, arrival_s, eos_id)
+        generator = fake_cuda.generator(self.device, seed) if temperature > 0 else None
+        seq = Sequence(self._next_id, prompt, max_new_tokens, arrival_s, eos_id, float(temperature), top_k, top_p,
+                       generator)
         self._next_id += 1
         total, ctx = len(prompt) + seq.max_new_tokens, self.config.context_length
         if total > ctx:
@@ -140,33 +174,22 @@ class Engine:
             self._t0 = time.perf_counter()
             self.finished, self.timeline = [], []
         done = self._arrive(self.clock())
-        decode = self.scheduler.schedule(self.clock())
-        now, group, joined = self.clock(), [], 0
-        while self.scheduler.waiting:
-            head = self.scheduler.waiting[0]
-            if group and self._must_wait_for(head, group):
-                done += self._forward(group, prefill=True)   # prefill the group first, so head finds its blocks
-                group = []
-            seq = self.scheduler.admit(now)
-            if seq is None:
-                break
-            group.append(seq)
-            joined += 1
-        if group:
-            done += self._forward(group, prefill=True)   # the newcomers' prompts, in one batched prefill
-        if decode:
-            done += self._forward(decode)
+        plan = self.scheduler.schedule(self.clock())
+        if plan:
+            done += self._forward(plan)
         self.steps += 1
         self.peak_blocks = max(self.peak_blocks, self.blocks.used)
         now = self.clock()
         running = self.scheduler.running
         self.timeline.append(dict(t=now, running=len(running), waiting=len(self.scheduler.waiting),
                                   blocks_used=self.blocks.used, blocks_cached=self.blocks.cached,
-                                  kv_tokens=sum(s.n_computed for s in running)))   # positions really stored
+                                  kv_tokens=sum(s.n_computed for s in running),    # positions really stored
+                                  decode_tokens=sum(1 for _, n in plan if n == 1),
+                                  prefill_tokens=sum(n for _, n in plan if n > 1)))
         self.finished += done
         if not self.busy:
             self.wall_s, self._t0 = now, None
-        elif not (joined or decode or done) and not self.scheduler.running and self.scheduler.waiting:
+        elif not (plan or done) and not self.scheduler.running and self.scheduler.waiting:
             raise RuntimeError("the scheduler could not admit any waiting request into an empty batch; "
                                "this is a bug in labutils.serving")
         return done
@@ -195,48 +218,52 @@ class Engine:
                 self.scheduler.add(seq)
         return rejected
 
-    def _must_wait_for(self, head: Sequence, group: list[Sequence]) -> bool:
-        """Should `head` wait until `group` is prefilled? When the padded batch would grow too big, or
-        when a member is about to write a block of head's prefix: blocks are keyed only once written."""
-        width = max(len(head.tokens), *(len(s.tokens) - s.n_computed for s in group))
-        if width * (len(group) + 1) > MAX_PREFILL_TOKENS:
-            return True
-        if not self.blocks.prefix_caching:
-            return False
-        for s in group:
-            end = (s.n_computed // self.block_size + 1) * self.block_size   # the first block s writes itself
-            if len(s.tokens) >= end and len(head.tokens) > end and head.tokens[:end] == s.tokens[:end]:
-                return True
-        return False
-
-    def _device_forward(self, seqs: list[Sequence], prefill: bool = False) -> torch.Tensor:
-        """The device half of a forward: each sequence's uncomputed tokens in one batch (shorter rows padded on the
-        left) through the paged cache, and the next greedy token of each, left on the device [len(seqs)]."""
-        counts = [len(s.tokens) - s.n_computed for s in seqs]
-        width = max(counts)
+    def _device_forward(self, plan: list[tuple[Sequence, int]]) -> tuple[list[Sequence], torch.Tensor]:
+        """The device half of a step: one packed forward over the plan (each request fed its planned tokens), and
+        the next token of every request whose tokens are now all computed, left on the device."""
+        plan = sorted(plan, key=lambda p: p[1] > 1)            # one-token rows first (PackedBatch's layout)
         self.cache.ensure(self.blocks.high_water)
-        ids = torch.tensor([[0] * (width - n) + s.tokens[s.n_computed:] for s, n in zip(seqs, counts)],
-                           device=self.device)
-        view = self.cache.batch([s.table for s in seqs], [s.n_computed for s in seqs], counts)
-        logits = self.model(ids, view, check=False, last_only=True)[:, -1]
-        if prefill:                   # once per request: NaN weights would otherwise give token 0 forever
-            check_logits(logits)
-        return pick_token(logits, None)
+        flat, ends, sampled = [], [], []
+        for seq, n in plan:
+            flat += seq.tokens[seq.n_computed:seq.n_computed + n]
+            if n == seq.remaining:                               # its last token: the next token comes from it
+                ends.append(len(flat) - 1)
+                sampled.append(seq)
+        view = self.cache.batch([Row(seq.table, seq.n_computed, n) for seq, n in plan])
+        ids = torch.tensor(flat, device=self.device)[None]
+        logits = self.model(ids, view, check=False, logits_at=torch.tensor(ends, dtype=torch.long, device=self.device))
+        self.token_rows += ids.shape[1]
+        return sampled, self._sample(sampled, logits[0])
 
-    def _forward(self, seqs: list[Sequence], prefill: bool = False) -> list[RequestResult]:
-        """Feed each sequence's uncomputed tokens in one forward, append the next token, finish who is done."""
-        counts = [len(s.tokens) - s.n_computed for s in seqs]
-        tokens = self._device_forward(seqs, prefill).tolist()        # greedy; tolist() waits for the device
+    def _forward(self, plan: list[tuple[Sequence, int]]) -> list[RequestResult]:
+        """One step's forward and its bookkeeping: positions advance, full blocks are keyed, tokens appended,
+        finished requests leave."""
+        sampled, tokens = self._device_forward(plan)
+        tokens = tokens.tolist()                                 # waits for the device
         now = self.clock()
-        done = []
-        for seq, tok, n in zip(seqs, tokens, counts):
+        for seq, n in plan:
             seq.n_computed += n
             self.blocks.commit(seq.table, seq.keys, seq.tokens, seq.n_computed)
+        done = []
+        for seq, tok in zip(sampled, tokens):
             seq.add_token(tok, now)
             if seq.done:
                 self.scheduler.finish(seq, now)
                 done.append(seq.result())
         return done
+
+    @staticmethod
+    def _sample(seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
+        """The next token of each request from its row of logits, on the device: greedy in one argmax, sampled
+        ones each from its own generator through generate.sample."""
+        first = [i for i, s in enumerate(seqs) if not s.n_generated]
+        if first:                     # once per request: NaN weights would otherwise give token 0 forever
+            check_logits(logits[first])
+        tokens = logits.argmax(dim=-1)
+        for i, s in enumerate(seqs):
+            if s.temperature > 0:
+                tokens[i] = sample(logits[i:i + 1], s.temperature, s.top_k, s.top_p, s.generator, check=False)[0]
+        return tokens
 
     # -- what it did -------------------------------------------------------------------------------
 
@@ -246,7 +273,8 @@ class Engine:
         s = self.scheduler
         return dict(prompt_tokens=s.prompt_tokens, cached_tokens=s.cached_tokens,
                     hit_rate=s.cached_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,
-                    preemptions=s.preemptions, steps=self.steps, blocks_used=self.blocks.used,
+                    preemptions=s.preemptions, steps=self.steps, token_rows=self.token_rows,
+                    blocks_used=self.blocks.used,
                     blocks_cached=self.blocks.cached, peak_blocks=self.peak_blocks, n_blocks=self.blocks.n_blocks,
                     block_bytes=self.cache.block_bytes, kv_bytes_allocated=self.cache.nbytes)
 
@@ -261,7 +289,7 @@ def run_workload(engine: Engine, workload: Workload, progress_desc: str = "") ->
         raise TypeError(f"workload must be a serving.workload.Workload, got {type(workload).__name__}")
     if engine.busy:
         raise RuntimeError("the engine is still serving an earlier workload; call run() first")
-    ids = [engine.submit(r.prompt_ids, r.max_new_tokens, r.arrival_s, r.eos_id) for r in workload]
+    ids = [engine.submit(r.prompt_ids, r.max_new_tokens, r.arrival_s, r.eos_id, **r.sampling) for r in workload]
     bar = Steps(len(ids) if progress_desc else 0, progress_desc)
     with quiet.watch():                         # one line if other processes were busy meanwhile
         by_id = {r.id: r for r in engine.run(on_step=lambda done: [bar.step("requests finished") for _ in done])}

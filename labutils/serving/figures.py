@@ -1,4 +1,5 @@
-"""Plotly figures of serving runs: a Gantt of each request's queueing, prefill and decode, and throughput against batch."""
+"""Plotly figures of serving runs: a Gantt of each request's queueing, prefill and decode, throughput against batch,
+the streams' inter-token latency around a long prompt, and the token budget's TTFT/ITL trade-off."""
 from __future__ import annotations
 
 import plotly.graph_objects as go
@@ -65,4 +66,27 @@ def batch_figure(rows, predicted=None, title: str = "Decode throughput against b
     return fig
 
 
-__all__ = ["batch_figure", "gantt_bars", "gantt_figure"]
+def itl_figure(runs: dict, title: str = "Every stream token's gap to the one before") -> go.Figure:
+    """One marker per stream token (x: when it came, y: its ITL in ms) for each labelled Interference run, and a
+    dotted line where the long prompt arrived. The spike of a whole prefill stands out as a column of tall gaps."""
+    fig = go.Figure()
+    for label, run in runs.items():
+        t, gap = run.gaps()
+        fig.add_scatter(x=t, y=[g * 1e3 for g in gap], mode="markers", name=label, marker=dict(size=5))
+        fig.add_vline(x=run.arrival_s, line=dict(dash="dot", color="grey"))
+    fig.update_layout(title=title, xaxis_title="seconds since the streams started", yaxis_title="ITL (ms)",
+                      height=360, legend=dict(orientation="h", y=1.02, yanchor="bottom"))
+    return fig
+
+
+def budget_figure(points, title: str = "The token budget: p99 ITL against p50 TTFT") -> go.Figure:
+    """One point per budget (interference.BudgetPoint): p50 TTFT across, p99 ITL up, labelled by the budget."""
+    fig = go.Figure()
+    fig.add_scatter(x=[p.summary.ttft_s.p50 * 1e3 for p in points], y=[p.summary.itl_s.p99 * 1e3 for p in points],
+                    mode="lines+markers+text", text=["whole" if p.budget is None else str(p.budget) for p in points],
+                    textposition="top center", name="budget (tokens per step)")
+    fig.update_layout(title=title, xaxis_title="TTFT p50 (ms)", yaxis_title="ITL p99 (ms)", height=360)
+    return fig
+
+
+__all__ = ["batch_figure", "budget_figure", "gantt_bars", "gantt_figure", "itl_figure"]

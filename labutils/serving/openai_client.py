@@ -208,8 +208,9 @@ class OpenAIClient:
     def _stream(self, req: Request, start: float) -> StreamResult:
         """Send one request and read its event stream; `start` is its arrival on the perf_counter clock."""
         res = StreamResult(req.id, len(req.prompt_ids), req.max_new_tokens, req.arrival_s)
+        sampling = {k: v for k, v in req.sampling.items() if v is not None}   # top_k and seed: vLLM's extras
         body = {"model": self.model, "prompt": list(req.prompt_ids), "max_tokens": req.max_new_tokens,
-                "temperature": 0, "stream": True, **self.extra_body}
+                "stream": True, **sampling, **self.extra_body}
         conn = self._connection()
         try:
             conn.request("POST", self._prefix + "/v1/completions", body=json.dumps(body), headers=self._headers)

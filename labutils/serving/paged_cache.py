@@ -1,24 +1,26 @@
 """The paged KV cache's storage (a pool of blocks per layer) and the per-forward view GPT.forward reads it through."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-from ..kernels.paged import block_slots, gather_blocks, paged_mask
+from .. import fake_cuda
+from ..kernels.attention import attention
+from ..kernels.paged import gather_blocks, paged_mask
 from ..roofline import kv_bytes_per_token
 from ..validate import check_count
 
-SCRATCH = 0     # storage block that padding writes to; block id b lives in storage block b + 1
-
 
 class PagedKVCache:
-    """Keys and values of every layer in fixed-size blocks: [n_layer, (n_blocks + 1) * block_size, n_kv_head, head_dim].
+    """Keys and values of every layer in fixed-size blocks: per layer, [n_blocks * block_size, n_kv_head, head_dim].
 
-    Slot `(block + 1) * block_size + offset` holds one position of one request; which request and
-    which position is the block tables' business (serving.blocks). Storage block 0 is scratch: the
-    padding of a batched prefill writes there, and no block table points at it. The storage starts
-    with the scratch block alone and doubles (up to n_blocks) as higher block ids come into use, so
-    memory follows the load rather than the worst case. It is zeroed, not empty: masked-out
-    padding times a NaN would still be NaN.
+    Slot `block * block_size + offset` holds one position of one request; which request and which
+    position is the block tables' business (serving.blocks). The storage starts empty and doubles (up
+    to n_blocks) as higher block ids come into use, so memory follows the load rather than the worst
+    case. Each layer has its own tensors and they grow one at a time: growing one [n_layer, ...] tensor
+    would hold the old pool and the new one at once (1.5 times the final pool at the last doubling),
+    where this needs one layer's worth beyond it.
     """
 
     def __init__(self, config, block_size: int, n_blocks: int, device=None, dtype=torch.float32):
@@ -26,19 +28,20 @@ class PagedKVCache:
         check_count("n_blocks", n_blocks, 1)
         self.config, self.block_size, self.n_blocks = config, block_size, n_blocks
         self.block_bytes = kv_bytes_per_token(config, dtype) * block_size   # K and V, every layer
-        shape = (config.n_layer, block_size, config.n_kv_head, config.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        shape = (0, config.n_kv_head, config.head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.device = self.k[0].device
 
     @property
     def nbytes(self) -> int:
-        """Bytes allocated now (both pools, the scratch block included)."""
-        return self.k.nbytes + self.v.nbytes
+        """Bytes allocated now (keys and values, every layer)."""
+        return sum(t.nbytes for t in self.k + self.v)
 
     @property
     def blocks_allocated(self) -> int:
-        """Blocks the storage has room for, besides the scratch block."""
-        return self.k.shape[1] // self.block_size - 1
+        """Blocks every layer's storage has room for now."""
+        return min(t.shape[0] for t in self.k + self.v) // self.block_size
 
     def ensure(self, n_blocks: int) -> None:
         """Make room for block ids below n_blocks, doubling the storage so growth is rare."""
@@ -49,76 +52,120 @@ class PagedKVCache:
             raise ValueError(f"block id {n_blocks - 1} is beyond the pool's {self.n_blocks} blocks")
         new = min(self.n_blocks, max(n_blocks, 2 * have))
         try:
-            for name in ("k", "v"):
-                old = getattr(self, name)
-                grown = old.new_zeros((old.shape[0], (new + 1) * self.block_size, *old.shape[2:]))
-                grown[:, :old.shape[1]] = old
-                setattr(self, name, grown)
+            for pools in (self.k, self.v):
+                for layer, old in enumerate(pools):
+                    if old.shape[0] >= new * self.block_size:
+                        continue                  # grown already, before an out-of-memory stopped the rest
+                    grown = old.new_zeros((new * self.block_size, *old.shape[1:]))
+                    grown[:old.shape[0]] = old
+                    pools[layer] = grown          # the old layer is freed here, before the next one grows
         except (MemoryError, RuntimeError) as err:
             from ..hardware import is_oom
             if not is_oom(err):
                 raise
             raise MemoryError(f"a paged KV cache of {new:,} blocks ({new * self.block_bytes / 2**20:,.0f} MiB) "
-                              f"does not fit on {self.k.device}; give the Engine a smaller kv_budget_bytes "
+                              f"does not fit on {self.device}; give the Engine a smaller kv_budget_bytes "
                               "or fewer batch slots") from None
 
-    def batch(self, tables: list[list[int]], starts: list[int], counts: list[int]) -> "PagedBatch":
-        """The view one forward pass uses: row b writes positions starts[b] .. starts[b] + counts[b] - 1."""
-        return PagedBatch(self, tables, starts, counts)
+    def batch(self, rows: list["Row"]) -> "PackedBatch":
+        """The view one forward pass uses: every row's new tokens, laid end to end."""
+        return PackedBatch(self, rows)
 
 
-class PagedBatch:
+class Row(NamedTuple):
+    """One request's share of a packed forward: positions start .. start + n - 1, read and written through table."""
+
+    table: list[int]
+    start: int
+    n: int
+
+
+class PackedBatch:
     """One forward's view of the pool, with the cache interface GPT.forward expects (see GPT.forward).
 
-    Every row keeps its own position (`pos`, [batch]): requests that joined at different times decode
-    side by side. Rows may feed different numbers of tokens (a batched prefill): shorter rows are
-    padded on the left, so every row's last token is the last column (GPT.forward(last_only=True)),
-    and the padding sits at position 0 and writes to the scratch block. update() writes the new keys
-    and values into the rows' slots and returns each row's blocks gathered in position order
-    (kernels.paged), with `mask` hiding later positions and other rows' padding.
+    Packed, not padded, as vLLM lays out a step: every scheduled token of every request sits end to end in one
+    flat batch [1, N], so the linear layers compute exactly N token rows. Each token keeps its own position
+    (`begin` returns them, [N]). Attention cannot be one call over the flat batch, since each request may see only
+    its own keys: `attend` writes the new keys and values into their slots, then
+    - the decode rows (one token each, first in the batch) attend together: one batched call over their blocks
+      gathered side by side (kernels.paged), a mask hiding each row's later positions;
+    - each prefill chunk attends alone, over its own blocks up to its last position, causal by offset.
     """
 
-    def __init__(self, cache: PagedKVCache, tables: list[list[int]], starts: list[int], counts: list[int]):
-        if not tables or any(not t for t in tables) or not len(starts) == len(counts) == len(tables):
-            raise ValueError("a paged batch needs one non-empty block table, start and token count per row")
-        device, bs = cache.k.device, cache.block_size
-        for t, start, n in zip(tables, starts, counts):
-            if n < 1 or start + n > len(t) * bs:
-                raise ValueError(f"positions {start} .. {start + n - 1} do not fit a block table of {len(t)} blocks")
-        width, self.n_new = max(len(t) for t in tables), max(counts)
-        # Pad short tables with one of their own blocks: a valid slot to read, always masked out.
-        self.table = torch.tensor([t + [t[-1]] * (width - len(t)) for t in tables], device=device) + 1
-        self.cache, self.counts = cache, counts
-        self.pos = torch.tensor(starts, device=device)
-        self.pad = torch.tensor([self.n_new - n for n in counts], device=device)
-        self.slots = block_slots(self.table, bs)                   # [batch, width * block_size]
-        self.mask: torch.Tensor | None = None
-        self._write: torch.Tensor | None = None
+    def __init__(self, cache: PagedKVCache, rows: list[Row]):
+        if not rows or any(not r.table or r.n < 1 for r in rows):
+            raise ValueError("a packed batch needs one non-empty block table and at least one token per row")
+        bs = cache.block_size
+        for r in rows:
+            if r.start < 0 or r.start + r.n > len(r.table) * bs:
+                raise ValueError(f"positions {r.start} .. {r.start + r.n - 1} do not fit a block table of "
+                                 f"{len(r.table)} blocks")
+        self.cache, self.rows = cache, rows
+        self.n_decode = next((i for i, r in enumerate(rows) if r.n > 1), len(rows))
+        if any(r.n == 1 for r in rows[self.n_decode:]):
+            raise ValueError("a packed batch takes its one-token rows first, then the longer ones")
+        self.pos = None          # no single position: GPT.forward's checks are skipped (check=False)
+        self.mask = None
+        # Every index this forward needs, built on the host and sent in one copy (pinned, asynchronous on a GPU):
+        # per token its position and its slot; the decode rows' tables padded with one of their own blocks (a valid
+        # slot to read, always masked out); each prefill chunk's table up to its last position.
+        positions = [p for r in rows for p in range(r.start, r.start + r.n)]
+        slots = [r.table[p // bs] * bs + p % bs for r in rows for p in range(r.start, r.start + r.n)]
+        decode = rows[:self.n_decode]
+        width = max((len(r.table) for r in decode), default=0)
+        padded = [b for r in decode for b in r.table + [r.table[-1]] * (width - len(r.table))]
+        chunk_tables = [r.table[:-(-(r.start + r.n) // bs)] for r in rows[self.n_decode:]]
+        host = torch.tensor(positions + slots + padded + [b for t in chunk_tables for b in t])
+        device = cache.device
+        if device.type == "cuda" and fake_cuda.pin_memory(True):
+            host = host.pin_memory()
+        index = host.to(device, non_blocking=True)
+        N = len(positions)
+        self.positions, self._write = index[:N], index[N:2 * N]
+        if decode:
+            self._decode_tables = index[2 * N:2 * N + len(padded)].view(len(decode), width)
+            self._decode_mask = paged_mask(self.positions[:self.n_decode, None], width * bs)
+        self._chunks, at = [], 2 * N + len(padded)
+        for r, t in zip(rows[self.n_decode:], chunk_tables):
+            self._chunks.append((r.start, r.n, index[at:at + len(t)]))
+            at += len(t)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self._write)
 
     def check_fits(self, batch_size: int, n_new: int) -> None:
-        if (batch_size, n_new) != (len(self.pos), self.n_new):
-            raise ValueError(f"this paged batch was planned for {len(self.pos)} rows x {self.n_new} tokens, "
-                             f"got {batch_size} x {n_new}")
+        if (batch_size, n_new) != (1, self.n_tokens):
+            raise ValueError(f"this packed batch was planned for 1 row x {self.n_tokens} tokens, got {batch_size} x {n_new}")
 
     def begin(self, n_new: int) -> torch.Tensor:
-        """Positions [batch, n_new] of the new tokens; prepares the write slots and the mask every layer shares."""
-        self.check_fits(len(self.pos), n_new)
-        col = torch.arange(n_new, device=self.pos.device)
-        padding = col[None, :] < self.pad[:, None]
-        positions = (self.pos[:, None] + col - self.pad[:, None]).masked_fill(padding, 0)
-        self._write = self.slots.gather(1, positions).masked_fill(padding, SCRATCH * self.cache.block_size).flatten()
-        self.mask = paged_mask(positions, self.slots.shape[1])   # padding at position 0 sees key 0: no empty row
-        return positions
+        """Positions [n_new] of the packed tokens (one per token, each request's own)."""
+        self.check_fits(1, n_new)
+        return self.positions
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        """Write k, v [batch, n_kv_head, n_new, head_dim] into the pool; return each row's keys and values so far."""
-        for pool, new in ((self.cache.k[layer], k), (self.cache.v[layer], v)):
-            pool.index_copy_(0, self._write, new.transpose(1, 2).reshape(-1, *pool.shape[1:]))
-        bs = self.cache.block_size
-        return gather_blocks(self.cache.k[layer], self.table, bs), gather_blocks(self.cache.v[layer], self.table, bs)
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str) -> torch.Tensor:
+        """Write k, v [1, n_kv_head, N, head_dim] into the pool; each request's attention over its own keys -> [1, n_head, N, head_dim]."""
+        k_pool, v_pool, bs = self.cache.k[layer], self.cache.v[layer], self.cache.block_size
+        for pool, new in ((k_pool, k), (v_pool, v)):
+            pool.index_copy_(0, self._write, new[0].transpose(0, 1))
+        out = []
+        nd = self.n_decode
+        if nd:
+            qd = q[0, :, :nd].transpose(0, 1)[:, :, None]                            # [nd, n_head, 1, head_dim]
+            kd = gather_blocks(k_pool, self._decode_tables, bs)
+            vd = gather_blocks(v_pool, self._decode_tables, bs)
+            out.append(attention(qd, kd, vd, impl=impl, mask=self._decode_mask)[:, :, 0].transpose(0, 1))
+        offset = nd
+        for start, n, table in self._chunks:
+            end = start + n
+            kc = gather_blocks(k_pool, table[None], bs)[:, :, :end]
+            vc = gather_blocks(v_pool, table[None], bs)[:, :, :end]
+            out.append(attention(q[:, :, offset:offset + n], kc, vc, q_offset=start, impl=impl)[0])
+            offset += n
+        return torch.cat(out, dim=1)[None]
 
     def advance(self, n: int) -> None:
         """Nothing to do: the engine moves each request's own position after the forward."""
 
 
-__all__ = ["PagedBatch", "PagedKVCache", "SCRATCH"]
+__all__ = ["PackedBatch", "PagedKVCache", "Row"]

@@ -1,4 +1,4 @@
-"""Which requests run in the next step: continuous or static batching, and preemption by recompute."""
+"""Which requests run in the next step, and how many tokens each: one token budget, chunked prefill, preemption."""
 from __future__ import annotations
 
 from collections import deque
@@ -10,19 +10,26 @@ MODES = ("continuous", "static")
 
 
 class Scheduler:
-    """A waiting queue (first come, first served) and a running batch of at most max_batch_size requests.
+    """A waiting queue (first come, first served), a running batch of at most max_batch_size requests, and a
+    budget of `max_num_batched_tokens` tokens per step, as vLLM's V1 scheduler plans a step.
 
-    continuous: a request joins as soon as a slot and the blocks for its prompt are free, and
-    leaves the moment it finishes. static: a new batch forms only when the whole previous batch
-    has finished. When a running request needs a block and none is left, the newest running
-    request is *preempted by recompute*: its blocks are freed and it goes back to the front of
-    the queue keeping its tokens; when it rejoins, one prefill recomputes their keys and values.
+    Each step's plan is {request: tokens}: every running request that is decoding gets its one token
+    first; then requests still prefilling, then newcomers from the queue, share what is left of the
+    budget. With `chunked` prefill a prompt takes what is left and continues next step (Sarathi-Serve's
+    chunked prefill, on by default in vLLM V1); without it a prompt runs whole or waits for a step with
+    room for it. continuous: a request joins as soon as a slot, its blocks and budget are free, and
+    leaves the moment it finishes. static: a new batch forms only when the whole previous batch has
+    finished. When a running request needs a block and none is left, the newest running request is
+    *preempted by recompute*: its blocks are freed and it goes back to the front of the queue keeping
+    its tokens; when it rejoins, prefill recomputes their keys and values.
     """
 
-    def __init__(self, blocks: BlockManager, max_batch_size: int, mode: str = "continuous"):
+    def __init__(self, blocks: BlockManager, max_batch_size: int, max_num_batched_tokens: int, *,
+                 chunked: bool = True, mode: str = "continuous"):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {list(MODES)}")
         self.blocks, self.max_batch_size, self.mode = blocks, max_batch_size, mode
+        self.budget, self.chunked = max_num_batched_tokens, chunked
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []          # in the order they joined: the newest is last
         self.preemptions = 0
@@ -34,18 +41,18 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
-    def schedule(self, now: float) -> list[Sequence]:
-        """The running batch for this step's decode, each given room for one more position.
+    def schedule(self, now: float) -> list[tuple[Sequence, int]]:
+        """This step's plan: (request, number of its tokens to feed), decodes first, within the token budget.
 
-        When blocks run out the newest running request is preempted; then no new request joins
-        in this step (admit() says None), so a request just pushed out does not bounce straight back.
+        When blocks run out the newest running request is preempted; then no new request joins in this
+        step, so a request just pushed out does not bounce straight back.
         """
         self.preempted_now = False
         ready = []
         for seq in list(self.running):             # oldest first: they keep their blocks
-            if seq not in self.running:
-                continue                           # preempted for an older request this round
-            while not self.blocks.append(seq.table, seq.n_computed + 1):
+            if not seq.table:
+                continue                           # preempted for an older request this round (tables empty then)
+            while not self.blocks.append(seq.table, len(seq.tokens)):
                 victim = self.running[-1]
                 self._preempt(victim, now)
                 if victim is seq:
@@ -53,19 +60,40 @@ class Scheduler:
             else:
                 ready.append(seq)
         self._forming = not self.running           # static mode: a new batch forms only from empty
-        return ready
+        plan = [(seq, 1) for seq in ready if seq.remaining == 1]
+        left = self.budget - len(plan)             # >= 0: the engine keeps the budget >= max_batch_size
+        for seq in ready:
+            if seq.remaining > 1 and (n := self._chunk(seq, left)):
+                plan.append((seq, n))
+                left -= n
+        while (seq := self._admit(now, left)) is not None:
+            if n := self._chunk(seq, left):        # static mode admits a whole batch, budget or not
+                plan.append((seq, n))
+                left -= n
+        return plan
 
-    def admit(self, now: float) -> Sequence | None:
-        """The head of the queue, joining the batch with its blocks, or None if it cannot join now.
+    def _chunk(self, seq: Sequence, left: int) -> int:
+        """How many of seq's remaining tokens this step takes: as many as fit when chunked, else all or none."""
+        if self.chunked:
+            return min(seq.remaining, left)
+        return seq.remaining if seq.remaining <= left else 0
 
-        One at a time: the engine prefills each newcomer before admitting the next, so a request
-        behind it finds the prefix blocks it has just written.
-        """
+    def _admit(self, now: float, left: int) -> Sequence | None:
+        """The head of the queue, joining the batch with its blocks, or None if it cannot join now."""
         if self.preempted_now or not self.waiting or len(self.running) >= self.max_batch_size:
             return None
-        if self.mode == "static" and not self._forming:
-            return None                            # static: the batch is closed until all of it finished
+        if self.mode == "static":
+            if not self._forming:
+                return None                        # static: the batch is closed until all of it finished
+        elif left <= 0:
+            return None
         seq = self.waiting[0]
+        if self._must_wait_for(seq):
+            return None
+        if not self.chunked and self.mode != "static":
+            hits, _ = self.blocks.lookup(seq.tokens)
+            if len(seq.tokens) - len(hits) * self.blocks.block_size > left:
+                return None                        # its whole prompt does not fit this step
         alloc = self.blocks.allocate(seq.tokens)
         if alloc is None:
             return None                            # first come, first served: nobody overtakes the head
@@ -78,6 +106,19 @@ class Scheduler:
         seq.joined_s = now
         self.running.append(seq)
         return seq
+
+    def _must_wait_for(self, head: Sequence) -> bool:
+        """Should `head` wait until a request still prefilling has written the blocks of a prefix they share?
+        A block is found in the prefix cache only once it is written, so joining now would compute it twice."""
+        if not self.blocks.prefix_caching:
+            return False
+        bs = self.blocks.block_size
+        for s in self.running:
+            if s.remaining > 1:
+                end = (s.n_computed // bs + 1) * bs    # the end of the first block s has yet to write
+                if len(s.tokens) >= end and len(head.tokens) > end and head.tokens[:end] == s.tokens[:end]:
+                    return True
+        return False
 
     def finish(self, seq: Sequence, now: float) -> None:
         self.blocks.free(seq.table)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from .workload import RequestResult
 
 
@@ -10,8 +12,10 @@ from .workload import RequestResult
 class Sequence:
     """A request as the scheduler moves it: waiting -> running (-> preempted -> waiting ...) -> finished.
 
-    `n_computed` counts the positions whose keys and values are in its blocks: the next forward
-    feeds tokens[n_computed:] (the whole prompt at first, one token per decode step).
+    `n_computed` counts the positions whose keys and values are in its blocks: `remaining` tokens are left to
+    feed (the whole prompt at first, perhaps in chunks, then one token per decode step). Sampling options
+    are generate()'s; `generator` is the request's own seeded random stream, so its tokens do not depend on
+    what else runs beside it.
 
     Compared by identity (eq=False): the scheduler's `seq in running` and `running.remove(seq)` would
     otherwise compare every field of every request, which made a schedule quadratic in the batch.
@@ -22,6 +26,10 @@ class Sequence:
     max_new_tokens: int
     arrival_s: float
     eos_id: int | None = None
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    generator: torch.Generator | None = field(default=None, repr=False)
     timestamps: list[float] = field(default_factory=list)
     table: list[int] = field(default_factory=list)       # block ids, in position order
     keys: list[bytes] = field(default_factory=list)      # prefix-cache keys of its full blocks
@@ -40,6 +48,11 @@ class Sequence:
         """Append one generated token and the clock reading when it was made."""
         self.tokens.append(token)
         self.timestamps.append(t)
+
+    @property
+    def remaining(self) -> int:
+        """Tokens whose keys and values are not computed yet: the prompt (or the part a chunk left), or the last token."""
+        return len(self.tokens) - self.n_computed
 
     @property
     def n_generated(self) -> int:

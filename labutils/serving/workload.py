@@ -27,6 +27,8 @@ class Request:
 
     arrival_s counts seconds after the workload starts. id None means its index in the workload.
     eos_id: the token that ends the answer early (the engine's; the client runs to max_new_tokens).
+    temperature, top_k, top_p and seed: generate()'s sampling options (0: greedy); a server gets them in its
+    request body.
     """
 
     prompt_ids: tuple[int, ...]
@@ -34,6 +36,15 @@ class Request:
     arrival_s: float = 0.0
     id: int | None = None
     eos_id: int | None = None
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+
+    @property
+    def sampling(self) -> dict:
+        """The sampling options, as Engine.submit takes them."""
+        return dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed)
 
 
 @dataclass(frozen=True)

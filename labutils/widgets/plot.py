@@ -12,6 +12,8 @@ static figures. The cost is resending a few kilobytes of JSON per change; none o
 """
 from __future__ import annotations
 
+import math
+
 import json
 import time
 
@@ -63,7 +65,8 @@ class LiveCurve(Plot):
         super().__init__(go.Figure(go.Scatter(x=[], y=[], mode="lines", name=name),
                                    layout=dict(title=title, xaxis_title=xaxis_title, yaxis_title=yaxis_title,
                                                height=height)))
-        self.xs, self.ys, self._drawn_at = [], [], 0.0
+        # -inf, not 0: perf_counter counts from an arbitrary start (boot, on Linux), so the first point always draws
+        self.xs, self.ys, self._drawn_at = [], [], -math.inf
 
     def add(self, x: float, y: float) -> None:
         self.xs.append(x)

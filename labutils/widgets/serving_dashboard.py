@@ -6,7 +6,7 @@ import html
 import ipywidgets as w
 
 from .. import quiet
-from ..serving.engine import Served, serve
+from ..serving.engine import DEFAULT_BATCHED_TOKENS, Served, serve
 from ..serving.figures import gantt_figure
 from ..serving.workload import Workload, make_workload
 from .plot import Plot
@@ -37,6 +37,14 @@ def meters_html(served: Served) -> str:
     return f"<table>{cells}</table>"
 
 
+def budget_options(context_length: int) -> list[int]:
+    """Token budgets the slider offers: powers of two from 16 to the larger of 2,048 and the context."""
+    top, out = max(DEFAULT_BATCHED_TOKENS, context_length), [16]
+    while out[-1] < top:
+        out.append(out[-1] * 2)
+    return out
+
+
 class ServingDashboard(w.VBox):
     """Controls for a seeded workload and an Engine; Run serves it and shows the meters and a Gantt.
 
@@ -59,6 +67,12 @@ class ServingDashboard(w.VBox):
         self.prefix = w.IntSlider(value=0, min=0, max=ctx, step=16, description="shared prefix",
                                   style=style, layout=wide)
         self.caching = w.Checkbox(value=True, description="prefix caching", indent=False)
+        # The token budget per step (lesson 11). Without chunking the engine's own budget holds a whole prompt,
+        # so the slider has nothing to say and is greyed out.
+        self.chunked = w.Checkbox(value=True, description="chunked prefill", indent=False)
+        self.budget = w.SelectionSlider(options=budget_options(ctx), value=DEFAULT_BATCHED_TOKENS,
+                                        description="token budget", style=style, layout=wide)
+        self.chunked.observe(lambda change: setattr(self.budget, "disabled", not change["new"]), names="value")
         self.requests = w.IntSlider(value=n_requests, min=1, max=128, description="requests", style=style, layout=wide)
         self.button = w.Button(description="Run workload", button_style="primary", icon="play")
         self.status, self.meters = w.HTML(), w.HTML()
@@ -66,8 +80,8 @@ class ServingDashboard(w.VBox):
         self.fig.figure.layout.width = 880
         self.served: Served | None = None
         self.button.on_click(lambda _: self.run())
-        controls = w.HBox([w.VBox([self.rate, self.slots, self.requests, self.caching]),
-                           w.VBox([self.prompt, self.output, self.prefix, self.at_once])])
+        controls = w.HBox([w.VBox([self.rate, self.slots, self.requests, self.budget, self.caching]),
+                           w.VBox([self.prompt, self.output, self.prefix, self.at_once, self.chunked])])
         super().__init__([controls, w.HBox([self.button, self.status]), self.meters, self.fig])
 
     def workload(self) -> Workload:
@@ -76,6 +90,14 @@ class ServingDashboard(w.VBox):
                                   rate=None if self.at_once.value else self.rate.value,
                                   prompt_len=tuple(self.prompt.value), output_len=tuple(self.output.value),
                                   system_prompt_len=self.prefix.value, seed=self.seed)
+
+    def engine_options(self) -> dict:
+        """The Engine settings the controls give. Without chunking the budget must hold a whole context, so the
+        engine's own default (vLLM's rule) stands in; a budget below the batch slots is the engine's error."""
+        options = dict(prefix_caching=self.caching.value)
+        if not self.chunked.value:
+            return dict(options, chunked_prefill=False)
+        return dict(options, max_num_batched_tokens=self.budget.value)
 
     def run(self) -> Served | None:
         """Serve the controls' workload; show its meters and Gantt, or say what went wrong.
@@ -94,7 +116,7 @@ class ServingDashboard(w.VBox):
             self.status.value = "&#9203; serving ..."
             wl = self.workload()
             with quiet.watch(report=False) as window:
-                served = self._serve(self.model, wl, self.slots.value, prefix_caching=self.caching.value)
+                served = self._serve(self.model, wl, self.slots.value, **self.engine_options())
             self.served = served
             self.meters.value = meters_html(served)
             new = gantt_figure(served.results, f"{len(wl)} requests, {self.slots.value} batch slots")

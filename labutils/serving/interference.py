@@ -1,0 +1,106 @@
+"""Two phases on one server: what a long prompt does to the streams already decoding, with and without chunking.
+
+Both measurements drive the course's Engine on the real clock. `long_prompt_among_streams` starts steady decode
+streams, lets them settle, then submits one long prompt: without chunked prefill the step that prefills it is as
+long as the whole prompt, so every stream's inter-token latency spikes once; with chunking no step holds more
+than the token budget. `budget_sweep` serves one workload under several budgets, the trade-off every engine
+tunes: a small budget protects ITL and delays TTFT, a large one the opposite.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..progress import Steps
+from ..roofline import kv_cache_bytes
+from ..validate import check_count, check_positive
+from .engine import Engine, serve
+from .workload import RequestResult, Summary, Workload, summarize
+
+
+@dataclass
+class Interference:
+    """One run of long_prompt_among_streams: the streams' results, the long request's, and when it arrived."""
+
+    streams: list[RequestResult]
+    long: RequestResult
+    arrival_s: float
+    wall_s: float
+    chunked: bool
+    budget: int
+
+    @property
+    def summary(self) -> Summary:
+        """The streams' meters (ITL p50/p99 above all)."""
+        return summarize(self.streams, self.wall_s)
+
+    def gaps(self) -> tuple[list[float], list[float]]:
+        """Every stream token's (time, gap to the stream's previous token) in seconds, for the ITL plot."""
+        points = sorted((t, gap) for r in self.streams for t, gap in zip(r.timestamps[1:], r.itl_s))
+        return [t for t, _ in points], [g for _, g in points]
+
+
+def long_prompt_among_streams(model, *, n_streams: int = 8, stream_prompt: int = 16, stream_tokens: int = 48,
+                              long_prompt: int = 512, settle_tokens: int = 8, chunked: bool = True,
+                              max_num_batched_tokens: int | None = None, seed: int = 0) -> Interference:
+    """`n_streams` requests decode; after `settle_tokens` each, one prompt of `long_prompt` tokens arrives.
+
+    Prompts are seeded random ids. The long request asks for 2 tokens, so it only prefills among them.
+    """
+    n_streams = check_count("n_streams", n_streams, 1)
+    settle_tokens = check_count("settle_tokens", settle_tokens, 1, stream_tokens - 1,
+                                hint="the streams must still be decoding when the long prompt arrives")
+    ctx, vocab = model.config.context_length, model.config.vocab_size
+    long_prompt = check_count("long_prompt", long_prompt, 1, ctx - 2, hint=f"it must fit the context ({ctx})")
+    g = torch.Generator().manual_seed(seed)
+    engine = Engine(model, n_streams + 1, prefix_caching=False, chunked_prefill=chunked,
+                    max_num_batched_tokens=max_num_batched_tokens)
+    for _ in range(n_streams):
+        engine.submit(torch.randint(0, vocab, (stream_prompt,), generator=g), stream_tokens)
+    engine.step()                             # the streams arrive (and start)
+    while min(s.n_generated for s in engine.scheduler.running + list(engine.scheduler.waiting)) < settle_tokens:
+        engine.step()
+    arrival = engine.clock()
+    long_id = engine.submit(torch.randint(0, vocab, (long_prompt,), generator=g), 2)
+    results = engine.run()
+    return Interference([r for r in results if r.id != long_id], results[long_id], arrival, engine.wall_s,
+                        chunked, engine.max_num_batched_tokens)
+
+
+@dataclass
+class BudgetPoint:
+    """One budget's serving meters: None for a budget means whole prompts (no chunking)."""
+
+    budget: int | None
+    summary: Summary
+
+
+def budget_sweep(model, workload: Workload, budgets, max_batch_size: int, progress_desc: str = "") -> list[BudgetPoint]:
+    """Serve `workload` once per token budget (None: chunked prefill off) on fresh engines."""
+    budgets = list(budgets)
+    bar = Steps(len(budgets) if progress_desc else 0, progress_desc)
+    points = []
+    for budget in budgets:
+        options = dict(chunked_prefill=False) if budget is None else dict(max_num_batched_tokens=budget)
+        served = serve(model, workload, max_batch_size, prefix_caching=False, **options)
+        points.append(BudgetPoint(budget, served.summary))
+        bar.step("budgets served")
+    bar.done()
+    return points
+
+
+# Links a disaggregated server hands KV caches over, one direction, bytes/s, as their makers state them.
+LINKS = {
+    "NVLink 4 (H100 SXM, one direction)": (450e9, "NVIDIA H100 datasheet: 900 GB/s NVLink, both directions together"),
+    "InfiniBand NDR (400 Gb/s RDMA NIC)": (50e9, "NVIDIA ConnectX-7 / Quantum-2: 400 Gb/s per port"),
+    "PCIe 5.0 x16 (one direction)": (64e9, "PCI-SIG: 32 GT/s per lane, 16 lanes, about 64 GB/s each way"),
+}
+
+
+def handoff_s(shape, prompt_len: int, link_Bps: float, dtype=torch.bfloat16) -> float:
+    """Seconds to ship one prompt's KV cache from a prefill worker to a decode worker: its bytes / the link's."""
+    return kv_cache_bytes(shape, prompt_len, 1, dtype) / check_positive("link_Bps", link_Bps)
+
+
+__all__ = ["LINKS", "BudgetPoint", "Interference", "budget_sweep", "handoff_s", "long_prompt_among_streams"]
