@@ -40,11 +40,17 @@ class Engine:
     is ever preempted. When running requests need more, the newest is preempted and recomputed
     later. A budget below one full-context request still serves every request: the pool always
     holds one such request, beyond the budget. A budget of 0 caches nothing.
+
+    For a simulation of two machines in one process (serving.disagg): `clock` replaces the real clock
+    (a function returning seconds since the workload started), `export_kv=True` makes each result carry
+    its prompt's keys and values, and submit_prefilled() queues a request whose prompt another engine
+    has prefilled.
     """
 
     def __init__(self, model, max_batch_size: int, *, block_size: int = 16, prefix_caching: bool = True,
                  kv_budget_bytes: int | None = None, mode: str = "continuous",
-                 max_num_batched_tokens: int | None = None, chunked_prefill: bool = True):
+                 max_num_batched_tokens: int | None = None, chunked_prefill: bool = True, clock=None,
+                 export_kv: bool = False):
         if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
             raise TypeError(f"model must be a labutils GPT, got {type(model).__name__}")
         ctx = model.config.context_length
@@ -57,6 +63,9 @@ class Engine:
         chunked_prefill = check_flag("chunked_prefill", chunked_prefill)
         self.max_num_batched_tokens = self._check_budget(max_num_batched_tokens, max_batch_size, chunked_prefill, ctx)
         self.chunked_prefill = chunked_prefill
+        if clock is not None and not callable(clock):
+            raise TypeError(f"clock must be a function returning seconds, got {type(clock).__name__}")
+        self._clock, self.export_kv = clock, check_flag("export_kv", export_kv)
         self.model, self.config = model, model.config
         self.device, self.dtype = model_device(model), model_dtype(model)
         self.max_batch_size, self.block_size, self.mode = max_batch_size, block_size, mode
@@ -130,6 +139,26 @@ class Engine:
         self._pending.append(seq)
         return seq.id
 
+    def submit_prefilled(self, prompt_ids, first_token: int, first_token_s: float, kv, max_new_tokens: int, *,
+                         arrival_s: float, ready_s: float, eos_id: int | None = None) -> int:
+        """Queue a request another engine prefilled (export_kv=True): its prompt's keys and values `kv`, and
+        the first token it made at first_token_s. It joins at ready_s (when the handover lands) and decodes
+        greedily from there; its times still count from arrival_s. Returns its id here."""
+        prompt = self._check_prompt(prompt_ids)
+        first_token = check_count("first_token", first_token, 0, self.config.vocab_size - 1)
+        max_new_tokens = check_count("max_new_tokens", max_new_tokens, 1)
+        if not (isinstance(kv, tuple) and len(kv) == 2 and all(isinstance(t, torch.Tensor) for t in kv)
+                and kv[0].shape[1] == len(prompt)):
+            raise ValueError("kv must be the (keys, values) pair a prefill worker's result carries, one position "
+                             "per prompt token")
+        seq = Sequence(self._next_id, prompt, max_new_tokens, float(arrival_s), eos_id, ready_s=float(ready_s), kv=kv)
+        seq.add_token(first_token, float(first_token_s))
+        self._next_id += 1
+        if len(seq.tokens) + max_new_tokens - 1 > self.config.context_length:
+            self._rejected[seq.id] = f"{len(prompt)} + {max_new_tokens} tokens exceed the context length"
+        self._pending.append(seq)
+        return seq.id
+
     def _check_prompt(self, prompt_ids) -> list[int]:
         if isinstance(prompt_ids, torch.Tensor):
             if prompt_ids.dim() != 1 or prompt_ids.dtype.is_floating_point or prompt_ids.dtype == torch.bool:
@@ -152,6 +181,8 @@ class Engine:
 
     def clock(self) -> float:
         """Seconds since the current workload started (0 before it has)."""
+        if self._clock is not None:
+            return self._clock()
         return 0.0 if self._t0 is None else time.perf_counter() - self._t0
 
     @property
@@ -160,7 +191,7 @@ class Engine:
 
     @property
     def next_arrival_s(self) -> float | None:
-        return min((s.arrival_s for s in self._pending), default=None)
+        return min((s.ready_s for s in self._pending), default=None)
 
     @torch.inference_mode()
     def step(self) -> list[RequestResult]:
@@ -208,8 +239,8 @@ class Engine:
     # -- internals ---------------------------------------------------------------------------------
 
     def _arrive(self, now: float) -> list[RequestResult]:
-        arrived = sorted((s for s in self._pending if s.arrival_s <= now), key=lambda s: (s.arrival_s, s.id))
-        self._pending = [s for s in self._pending if s.arrival_s > now]
+        arrived = sorted((s for s in self._pending if s.ready_s <= now), key=lambda s: (s.ready_s, s.id))
+        self._pending = [s for s in self._pending if s.ready_s > now]
         rejected = []
         for seq in arrived:
             if seq.id in self._rejected:
@@ -223,6 +254,10 @@ class Engine:
         the next token of every request whose tokens are now all computed, left on the device."""
         plan = sorted(plan, key=lambda p: p[1] > 1)            # one-token rows first (PackedBatch's layout)
         self.cache.ensure(self.blocks.high_water)
+        for seq, _ in plan:
+            if seq.kv is not None:                               # handed over: store it, then decode from it
+                self.cache.write(seq.table, seq.kv)
+                seq.kv = None
         flat, ends, sampled = [], [], []
         for seq, n in plan:
             flat += seq.tokens[seq.n_computed:seq.n_computed + n]
@@ -248,8 +283,10 @@ class Engine:
         for seq, tok in zip(sampled, tokens):
             seq.add_token(tok, now)
             if seq.done:
+                kv = self.cache.read(seq.table, seq.n_computed) if self.export_kv else None
                 self.scheduler.finish(seq, now)
                 done.append(seq.result())
+                done[-1].kv = kv
         return done
 
     @staticmethod

@@ -67,6 +67,28 @@ class PagedKVCache:
                               f"does not fit on {self.device}; give the Engine a smaller kv_budget_bytes "
                               "or fewer batch slots") from None
 
+    def _slots(self, table: list[int], n: int) -> torch.Tensor:
+        bs = self.block_size
+        return torch.tensor([table[p // bs] * bs + p % bs for p in range(n)], device=self.device)
+
+    def read(self, table: list[int], n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A copy of one request's keys and values at positions 0 .. n-1: [n_layer, n, n_kv_head, head_dim] each.
+        What a prefill worker hands a decode worker (serving.disagg)."""
+        slots = self._slots(table, n)
+        return torch.stack([pool[slots] for pool in self.k]), torch.stack([pool[slots] for pool in self.v])
+
+    def write(self, table: list[int], kv: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Store keys and values read() gave (from any cache of the same model) at positions 0 .. n-1 of `table`."""
+        k, v = kv
+        expected = (len(self.k), k.shape[1], *self.k[0].shape[1:])
+        if tuple(k.shape) != expected or k.shape != v.shape:
+            raise ValueError(f"handed-over keys and values of shape {tuple(k.shape)} and {tuple(v.shape)} do not fit "
+                             f"this cache's {expected}: they come from another model")
+        slots = self._slots(table, k.shape[1])
+        for layer in range(len(self.k)):
+            self.k[layer][slots] = k[layer].to(self.k[layer])
+            self.v[layer][slots] = v[layer].to(self.v[layer])
+
     def batch(self, rows: list["Row"]) -> "PackedBatch":
         """The view one forward pass uses: every row's new tokens, laid end to end."""
         return PackedBatch(self, rows)

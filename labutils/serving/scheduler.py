@@ -99,6 +99,8 @@ class Scheduler:
             return None                            # first come, first served: nobody overtakes the head
         self.waiting.popleft()
         seq.table, seq.keys, seq.n_computed = alloc.table, alloc.keys, alloc.cached_tokens
+        if seq.kv is not None:                     # handed over by a prefill worker: only its last token is new
+            seq.n_computed = len(seq.tokens) - 1
         if not seq.n_generated:                    # count each prompt once, not again after a preemption
             seq.cached_tokens = alloc.cached_tokens
             self.prompt_tokens += len(seq.prompt)

@@ -30,6 +30,8 @@ class Sequence:
     top_k: int | None = None
     top_p: float | None = None
     generator: torch.Generator | None = field(default=None, repr=False)
+    ready_s: float | None = None                         # when it may join: arrival_s, or when its handed-over KV lands
+    kv: tuple | None = field(default=None, repr=False)   # handed-over keys and values, until the engine stores them
     timestamps: list[float] = field(default_factory=list)
     table: list[int] = field(default_factory=list)       # block ids, in position order
     keys: list[bytes] = field(default_factory=list)      # prefix-cache keys of its full blocks
@@ -43,6 +45,8 @@ class Sequence:
 
     def __post_init__(self):
         self.tokens = list(self.prompt)
+        if self.ready_s is None:
+            self.ready_s = self.arrival_s
 
     def add_token(self, token: int, t: float) -> None:
         """Append one generated token and the clock reading when it was made."""

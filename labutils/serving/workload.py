@@ -126,6 +126,7 @@ class RequestResult:
     error: str | None = None
     cached_tokens: int = 0                       # prompt tokens served from the prefix cache
     spans: list[tuple[float, float]] = field(default_factory=list)   # (join, leave) of the running batch
+    kv: tuple | None = field(default=None, repr=False, compare=False)  # a prefill worker's prompt K/V (serving.disagg)
 
     @property
     def ok(self) -> bool:

@@ -1,0 +1,54 @@
+"""Lesson 11's measurements: a long prompt among running streams, the budget sweep, the handoff price, their figures."""
+import pytest
+import torch
+
+from labutils.roofline import kv_cache_bytes
+from labutils.serving import interference
+from labutils.serving.figures import budget_figure, itl_figure
+from labutils.serving.workload import make_workload
+
+from test_generate import CTX, VOCAB, make_model
+
+MODEL = make_model()
+SHAPE = dict(n_streams=3, stream_tokens=12, long_prompt=60, settle_tokens=4)
+
+
+def test_whole_and_chunked_runs_give_the_streams_the_same_tokens():
+    whole = interference.long_prompt_among_streams(MODEL, **SHAPE, chunked=False)
+    chunked = interference.long_prompt_among_streams(MODEL, **SHAPE, max_num_batched_tokens=8)
+    assert [r.tokens for r in whole.streams] == [r.tokens for r in chunked.streams]
+    assert len(whole.streams) == 3 and whole.long.prompt_len == 60 and len(whole.long.tokens) == 2
+    assert chunked.budget == 8 and not whole.chunked and whole.budget >= CTX
+    assert all(r.timestamps[SHAPE["settle_tokens"] - 1] <= whole.arrival_s for r in whole.streams)
+    t, gaps = chunked.gaps()
+    assert len(t) == len(gaps) == 3 * 11 and t == sorted(t)
+    fig = itl_figure({"whole": whole, "chunked": chunked})
+    assert [tr.name for tr in fig.data] == ["whole", "chunked"] and len(fig.data[0].x) == 33
+
+
+def test_the_sweep_serves_every_budget_and_whole_prompts():
+    wl = make_workload(6, vocab_size=VOCAB, prompt_len=(10, 60), output_len=(2, 8), seed=0)
+    points = interference.budget_sweep(MODEL, wl, [8, 32, None], 4, repeats=2)
+    assert [p.budget for p in points] == [8, 32, None]
+    assert all(p.summary.n_completed == 6 for p in points)
+    fig = budget_figure(points)
+    assert list(fig.data[0].text) == ["8", "32", "whole"]
+
+
+def test_a_handoff_costs_the_prompts_kv_bytes_over_the_link():
+    from labutils.presets import get_shape
+    llama = get_shape("llama-3-8b")
+    assert interference.handoff_s(llama, 4096, 50e9) == kv_cache_bytes(llama, 4096, 1, torch.bfloat16) / 50e9
+    assert interference.handoff_s(llama, 4096, 50e9) == pytest.approx(0.010737, rel=1e-3)   # 128 KiB/token in bf16
+    with pytest.raises(ValueError, match="link_Bps"):
+        interference.handoff_s(llama, 10, 0)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(settle_tokens=12), "settle_tokens must be <= 11"),
+    (dict(long_prompt=CTX), f"long_prompt must be <= {CTX - 2}"),
+    (dict(n_streams=0), "n_streams must be >= 1"),
+])
+def test_bad_shapes_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        interference.long_prompt_among_streams(MODEL, **{**SHAPE, **kwargs})
