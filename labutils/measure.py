@@ -177,31 +177,50 @@ def measure_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 
     position table (GPT-2's 1,024 positions cannot hold 1,000 + 200 tokens). With a `progress_desc`, a bar in
     the notebook counts the tokens of every run as they arrive.
     """
+    return measure_requests(preset, [(prompt_len, new_tokens)], batch, dtype, device, rounds=repeats, peaks=peaks,
+                            seed=seed, context_length=context_length, progress_desc=progress_desc)[0]
+
+
+def measure_requests(preset: str, settings, batch: int = 1, dtype: str = "fp32", device="cpu", *, rounds: int = 1,
+                     peaks=None, seed: int = 0, context_length: int | None = None, progress_desc: str = "") -> list[dict]:
+    """measure_request for several (prompt_len, new_tokens) settings of one model, run in turn, round after
+    round (A B C A B C ...): a slow patch of a noisy machine then lands on every setting alike, so the
+    ratios between their rows hold. One row per setting, as measure_request returns it."""
     device = check_device("device", device)
-    check_request(preset, prompt_len, new_tokens, batch, dtype, device, context_length)
-    repeats, seed = check_count("repeats", repeats, 1, 1000), check_seed(seed)
+    settings = [tuple(s) for s in settings]
+    if not settings or any(len(s) != 2 for s in settings):
+        raise ValueError(f"settings must be (prompt_len, new_tokens) pairs, got {settings!r}")
+    for prompt_len, new_tokens in settings:
+        check_request(preset, prompt_len, new_tokens, batch, dtype, device, context_length)
+    rounds, seed = check_count("rounds", rounds, 1, 1000), check_seed(seed)
     try:
         model = get_model(preset, dtype, device, context_length)
-        g = torch.Generator().manual_seed(seed)
-        ids = torch.randint(0, model.config.vocab_size, (batch, prompt_len), generator=g)
-        generate(model, ids[:, :min(prompt_len, 16)], 2)            # warm this batch size up, untimed
-        bar = Steps(repeats * new_tokens if progress_desc else 0, progress_desc)
+        ids = [torch.randint(0, model.config.vocab_size, (batch, p), generator=torch.Generator().manual_seed(seed))
+               for p, _ in settings]
+        generate(model, ids[0][:, :min(settings[0][0], 16)], 2)     # warm this batch size up, untimed
+        bar = Steps(rounds * sum(n for _, n in settings) if progress_desc else 0, progress_desc)
+        runs = [[] for _ in settings]
         with quiet.watch():                                         # one line if others were busy meanwhile
-            runs = []
-            for r in range(repeats):
-                bar.show(f"run {r + 1} of {repeats}: prefill of {prompt_len} tokens x batch {batch}")
-                runs.append(generate(model, ids, new_tokens,
-                                     on_token=lambda _, r=r: bar.step(f"run {r + 1} of {repeats}, decoding")))
+            for r in range(rounds):
+                for i, ((prompt_len, new_tokens), prompt) in enumerate(zip(settings, ids)):
+                    bar.show(f"round {r + 1} of {rounds}: prefill of {prompt_len} tokens x batch {batch}")
+                    runs[i].append(generate(model, prompt, new_tokens,
+                                            on_token=lambda _, r=r: bar.step(f"round {r + 1} of {rounds}, decoding")))
         bar.done()
     except (RuntimeError, MemoryError) as err:    # torch.OutOfMemoryError is a RuntimeError
         if not is_oom(err):
             raise
         clear_models()
         raise RuntimeError(f"{device.type} ran out of memory for {preset} in {dtype}, batch {batch}, "
-                           f"{prompt_len}+{new_tokens} tokens; the cached models were freed. "
-                           "Choose a smaller setting") from None
+                           f"{max(p for p, _ in settings)}+{max(n for _, n in settings)} tokens; the cached models "
+                           "were freed. Choose a smaller setting") from None
     peaks = measured_peaks(device, torch_dtype(dtype)) if peaks is None else peaks
-    cfg = model.config
+    return [_request_row(preset, model.config, p, n, batch, dtype, device, mine, peaks)
+            for (p, n), mine in zip(settings, runs)]
+
+
+def _request_row(preset, cfg, prompt_len: int, new_tokens: int, batch: int, dtype: str, device, runs, peaks) -> dict:
+    """One setting's runs -> measure_request's row: medians of TTFT and TPOT, the median-latency run's timestamps."""
     ttft = statistics.median(r.ttft_s for r in runs)
     tpot = statistics.median(r.tpot_s for r in runs)
     typical = sorted(runs, key=lambda r: r.latency_s)[len(runs) // 2]
@@ -276,4 +295,5 @@ def roofline_point(preset: str, phase: str, n: int, dtype: str = "fp32", device=
 
 
 __all__ = ["roofline_point", "time_pass", "available_devices", "check_request", "clear_models", "default_dtype_name", "dtype_choices",
-           "free_bytes", "get_model", "measure_request", "memory_needed", "model_config", "preset_choices"]
+           "free_bytes", "get_model", "measure_request", "measure_requests", "memory_needed", "model_config",
+           "preset_choices"]

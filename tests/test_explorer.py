@@ -286,3 +286,18 @@ def test_a_burst_of_changes_is_measured_once_with_the_last_settings():
     runs = []
     Latest(lambda: runs.append(1))()              # no event loop: runs at once
     assert runs == [1]
+
+
+def test_several_settings_are_measured_in_turn_and_give_measure_requests_rows(monkeypatch):
+    """measure_requests interleaves its settings round by round (A B A B), so drifting load hits both alike."""
+    import labutils.measure as m
+    calls = []
+    real = m.generate
+    monkeypatch.setattr(m, "generate", lambda model, ids, n, **kw: calls.append((ids.shape[1], n)) or real(model, ids, n, **kw))
+    rows = measure.measure_requests("tiny", [(16, 4), (8, 3)], rounds=3)
+    assert calls[1:] == [(16, 4), (8, 3)] * 3                       # after one warm-up: in turn, three rounds
+    assert [(r["prompt_len"], r["new_tokens"]) for r in rows] == [(16, 4), (8, 3)]
+    one = measure.measure_request("tiny", 8, 3)
+    assert set(one) == set(rows[1]) and len(rows[1]["timestamps"]) == 3
+    with pytest.raises(ValueError, match=r"\(prompt_len, new_tokens\) pairs"):
+        measure.measure_requests("tiny", [(16,)])
