@@ -477,3 +477,16 @@ def test_sequences_compare_by_identity_and_keep_their_tokens_whole():
     assert a.tokens is a.tokens, "tokens is kept, not rebuilt on every use"
     a.add_token(9, 1.5)
     assert (a.tokens, a.generated, a.timestamps, a.prompt) == ([1, 2, 3, 9], [9], [1.5], [1, 2, 3])
+
+
+def test_decode_rows_attend_in_groups_of_similar_length():
+    """One long request among short ones must not make every row gather as many blocks as it has."""
+    from labutils.serving.paged_cache import PagedKVCache, Row
+    m = model()
+    cache = PagedKVCache(m.config, 4, 40)
+    cache.ensure(40)
+    rows = [Row([0], 2, 1), Row([1, 2], 5, 1), Row([3, 4], 6, 1), Row(list(range(5, 25)), 70, 1), Row([25, 26], 0, 7)]
+    view = cache.batch(rows)
+    assert [(lo, hi, tuple(t.shape)) for lo, hi, t, _ in view._groups] == [(0, 3, (3, 2)), (3, 4, (1, 20))]
+    assert [(start, n, len(t)) for start, n, t in view._chunks] == [(0, 7, 2)]
+    assert view.positions.tolist() == [2, 5, 6, 70, 0, 1, 2, 3, 4, 5, 6]

@@ -252,7 +252,8 @@ class Engine:
     def _device_forward(self, plan: list[tuple[Sequence, int]]) -> tuple[list[Sequence], torch.Tensor]:
         """The device half of a step: one packed forward over the plan (each request fed its planned tokens), and
         the next token of every request whose tokens are now all computed, left on the device."""
-        plan = sorted(plan, key=lambda p: p[1] > 1)            # one-token rows first (PackedBatch's layout)
+        # One-token rows first (PackedBatch's layout), shortest tables first, so rows of similar length attend together.
+        plan = sorted(plan, key=lambda p: (p[1] > 1, len(p[0].table) if p[1] == 1 else 0))
         self.cache.ensure(self.blocks.high_water)
         for seq, _ in plan:
             if seq.kv is not None:                               # handed over: store it, then decode from it

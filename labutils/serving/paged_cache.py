@@ -109,8 +109,11 @@ class PackedBatch:
     flat batch [1, N], so the linear layers compute exactly N token rows. Each token keeps its own position
     (`begin` returns them, [N]). Attention cannot be one call over the flat batch, since each request may see only
     its own keys: `attend` writes the new keys and values into their slots, then
-    - the decode rows (one token each, first in the batch) attend together: one batched call over their blocks
-      gathered side by side (kernels.paged), a mask hiding each row's later positions;
+    - the decode rows (one token each, first in the batch) attend in groups of similar length: one batched call per
+      group over its rows' blocks gathered side by side (kernels.paged), a mask hiding each row's later positions.
+      A group's rows are padded to its longest table, so a group never holds a table more than twice another's:
+      one long request among short ones would otherwise make every row gather as many blocks as it has. The
+      engine orders the decode rows by table length, so groups are few;
     - each prefill chunk attends alone, over its own blocks up to its last position, causal by offset.
     """
 
@@ -133,9 +136,15 @@ class PackedBatch:
         # slot to read, always masked out); each prefill chunk's table up to its last position.
         positions = [p for r in rows for p in range(r.start, r.start + r.n)]
         slots = [r.table[p // bs] * bs + p % bs for r in rows for p in range(r.start, r.start + r.n)]
-        decode = rows[:self.n_decode]
-        width = max((len(r.table) for r in decode), default=0)
-        padded = [b for r in decode for b in r.table + [r.table[-1]] * (width - len(r.table))]
+        groups = []                                   # [first row, end row, shortest table, longest table]
+        for i, r in enumerate(rows[:self.n_decode]):
+            w = len(r.table)
+            if groups and groups[-1][2] <= w <= 2 * groups[-1][2]:
+                groups[-1][1], groups[-1][3] = i + 1, max(groups[-1][3], w)
+            else:
+                groups.append([i, i + 1, w, w])
+        padded = [b for lo, hi, _, width in groups for r in rows[lo:hi]
+                  for b in r.table + [r.table[-1]] * (width - len(r.table))]
         chunk_tables = [r.table[:-(-(r.start + r.n) // bs)] for r in rows[self.n_decode:]]
         host = torch.tensor(positions + slots + padded + [b for t in chunk_tables for b in t])
         device = cache.device
@@ -144,10 +153,12 @@ class PackedBatch:
         index = host.to(device, non_blocking=True)
         N = len(positions)
         self.positions, self._write = index[:N], index[N:2 * N]
-        if decode:
-            self._decode_tables = index[2 * N:2 * N + len(padded)].view(len(decode), width)
-            self._decode_mask = paged_mask(self.positions[:self.n_decode, None], width * bs)
-        self._chunks, at = [], 2 * N + len(padded)
+        self._groups, at = [], 2 * N              # (first row, end row, padded tables, mask) per decode group
+        for lo, hi, _, width in groups:
+            tables = index[at:at + (hi - lo) * width].view(hi - lo, width)
+            self._groups.append((lo, hi, tables, paged_mask(self.positions[lo:hi, None], width * bs)))
+            at += (hi - lo) * width
+        self._chunks = []
         for r, t in zip(rows[self.n_decode:], chunk_tables):
             self._chunks.append((r.start, r.n, index[at:at + len(t)]))
             at += len(t)
@@ -171,13 +182,11 @@ class PackedBatch:
         for pool, new in ((k_pool, k), (v_pool, v)):
             pool.index_copy_(0, self._write, new[0].transpose(0, 1))
         out = []
-        nd = self.n_decode
-        if nd:
-            qd = q[0, :, :nd].transpose(0, 1)[:, :, None]                            # [nd, n_head, 1, head_dim]
-            kd = gather_blocks(k_pool, self._decode_tables, bs)
-            vd = gather_blocks(v_pool, self._decode_tables, bs)
-            out.append(attention(qd, kd, vd, impl=impl, mask=self._decode_mask)[:, :, 0].transpose(0, 1))
-        offset = nd
+        for lo, hi, tables, mask in self._groups:
+            qd = q[0, :, lo:hi].transpose(0, 1)[:, :, None]                          # [rows, n_head, 1, head_dim]
+            kd, vd = gather_blocks(k_pool, tables, bs), gather_blocks(v_pool, tables, bs)
+            out.append(attention(qd, kd, vd, impl=impl, mask=mask)[:, :, 0].transpose(0, 1))
+        offset = self.n_decode
         for start, n, table in self._chunks:
             end = start + n
             kc = gather_blocks(k_pool, table[None], bs)[:, :, :end]
