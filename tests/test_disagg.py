@@ -25,6 +25,7 @@ def test_the_decode_worker_continues_from_the_handed_over_cache():
     served = disagg.serve_disaggregated(MODEL, wl, prefill_batch=2, decode_batch=4, link_Bps=1e9)
     assert [r.tokens for r in served.results] == [solo(r) for r in wl]
     assert len(served.handoff_s) == sum(r.max_new_tokens > 1 for r in wl)
+    assert len(served.busy) == 2 and all(0 < b <= 1 for b in served.busy)
     for r in served.results:                       # the second token comes after the first has crossed the link
         if len(r.timestamps) > 1:
             assert r.timestamps[1] > r.timestamps[0]
@@ -47,6 +48,7 @@ def test_mixed_machines_give_the_solo_tokens_and_split_the_requests():
     two = disagg.serve_mixed(MODEL, wl, 4, machines=2, slo=SLO(ttft_s=10.0))
     assert [r.tokens for r in one.results] == [r.tokens for r in two.results] == [solo(r) for r in wl]
     assert two.summary.goodput_req_s > 0 and [r.id for r in two.results] == list(range(len(wl)))
+    assert len(two.busy) == 2 and len(one.busy) == 1 and 0 < one.busy[0] <= 1
 
 
 def test_a_step_clock_moves_only_while_a_step_runs_or_when_told():

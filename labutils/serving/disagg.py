@@ -27,6 +27,7 @@ class StepClock:
 
     def __init__(self):
         self.base, self._started = 0.0, None
+        self.busy_s = 0.0                          # seconds spent in steps: the machine's working time
 
     def __call__(self) -> float:
         running = 0.0 if self._started is None else time.perf_counter() - self._started
@@ -38,8 +39,8 @@ class StepClock:
         try:
             return engine.step()
         finally:
-            self.base += time.perf_counter() - self._started
-            self._started = None
+            took = time.perf_counter() - self._started
+            self.base, self.busy_s, self._started = self.base + took, self.busy_s + took, None
 
     def wait_until(self, t: float) -> None:
         """Idle until t: an idle machine's clock jumps to its next arrival."""
@@ -73,13 +74,14 @@ class Served:
     wall_s: float
     summary: Summary
     handoff_s: list[float] = dataclasses.field(default_factory=list)   # per handed-over request
+    busy: list[float] = dataclasses.field(default_factory=list)        # per machine: share of wall_s in steps
 
 
-def _served(setup: str, results: list[RequestResult], workload: Workload, slo, handoffs=()) -> Served:
+def _served(setup: str, results: list[RequestResult], workload: Workload, slo, clocks, handoffs=()) -> Served:
     for index, (r, req) in enumerate(zip(results, workload)):
         r.id, r.kv = index if req.id is None else req.id, None      # numbered as run_workload numbers them
     wall = max(max((r.timestamps[-1] for r in results if r.timestamps), default=0.0), 1e-9)
-    return Served(setup, results, wall, summarize(results, wall, slo), list(handoffs))
+    return Served(setup, results, wall, summarize(results, wall, slo), list(handoffs), [c.busy_s / wall for c in clocks])
 
 
 def serve_mixed(model, workload: Workload, max_batch_size: int, *, machines: int = 1, slo=None,
@@ -87,12 +89,14 @@ def serve_mixed(model, workload: Workload, max_batch_size: int, *, machines: int
     """The workload on `machines` ordinary engines (prefill and decode mixed), request i on machine i % machines."""
     machines = check_count("machines", machines, 1, 64)
     results: list[RequestResult | None] = [None] * len(workload)
+    clocks = []
     for m in range(machines):
         mine = list(range(m, len(workload), machines))
-        engine = Engine(model, max_batch_size, prefix_caching=False, clock=(clock := StepClock()), **engine_options)
+        clocks.append(clock := StepClock())
+        engine = Engine(model, max_batch_size, prefix_caching=False, clock=clock, **engine_options)
         for i, r in zip(mine, _drive(engine, clock, [workload.requests[i] for i in mine])):
             results[i] = r
-    return _served(f"{machines} mixed engine(s)", results, workload, slo)
+    return _served(f"{machines} mixed engine(s)", results, workload, slo, clocks)
 
 
 def serve_disaggregated(model, workload: Workload, *, prefill_batch: int, decode_batch: int, link_Bps: float,
@@ -126,7 +130,7 @@ def serve_disaggregated(model, workload: Workload, *, prefill_batch: int, decode
             for r in d_clock.step(decode):
                 results[where[r.id]] = r
     ordered = [results[i] for i in range(len(workload))]
-    return _served("prefill worker + decode worker", ordered, workload, slo, handoffs)
+    return _served("prefill worker + decode worker", ordered, workload, slo, (p_clock, d_clock), handoffs)
 
 
 __all__ = ["Served", "StepClock", "serve_disaggregated", "serve_mixed"]
