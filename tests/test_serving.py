@@ -490,3 +490,24 @@ def test_decode_rows_attend_in_groups_of_similar_length():
     assert [(lo, hi, tuple(t.shape)) for lo, hi, t, _ in view._groups] == [(0, 3, (3, 2)), (3, 4, (1, 20))]
     assert [(start, n, len(t)) for start, n, t in view._chunks] == [(0, 7, 2)]
     assert view.positions.tolist() == [2, 5, 6, 70, 0, 1, 2, 3, 4, 5, 6]
+
+
+def test_pool_growth_holds_at_most_one_layer_beyond_the_new_pool(monkeypatch):
+    """Bug 6: growing one [n_layer, ...] pool held the old and the new pool at once (1.5x the final pool at the
+    last doubling), so a budget above about 2/3 of free memory failed though it fit. Layers now grow one by one."""
+    from labutils.serving.paged_cache import PagedKVCache
+    m = make_model(n_layer=6)
+    cache = PagedKVCache(m.config, 4, 64)
+    cache.ensure(32)
+    live_peak, real_new_zeros = [0], torch.Tensor.new_zeros
+
+    def counting_new_zeros(self, *args, **kwargs):
+        out = real_new_zeros(self, *args, **kwargs)
+        live_peak[0] = max(live_peak[0], sum(t.nbytes for t in cache.k + cache.v) + out.nbytes)
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "new_zeros", counting_new_zeros)
+    cache.ensure(64)                                   # the last doubling: 32 -> 64 blocks
+    final, one_layer = cache.nbytes, cache.k[0].nbytes
+    assert cache.blocks_allocated == 64 and final == 64 * cache.block_bytes
+    assert live_peak[0] <= final + one_layer < 1.5 * final
