@@ -1,6 +1,6 @@
-"""The README's GPU table: datasheet peaks, ridge points and batch-1 decode floors (hardware.SPECS + roofline).
+"""The GPU table of docs/gpu.md: datasheet peaks, ridge points and batch-1 decode floors (hardware.SPECS + roofline).
 
-python -m labutils.gpu_table prints it; tests/test_readme.py checks that the README holds exactly this text.
+python -m labutils.gpu_table prints it; tests/test_readme.py checks that docs/gpu.md holds exactly this text.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def _time(seconds: float) -> str:
 
 
 def markdown(gpus=GPUS, models=MODELS) -> str:
-    """The table as README markdown: one row per GPU, then per model its decode floor per token (batch 1, bf16)."""
+    """The table as markdown: one row per GPU, then per model its decode floor per token (batch 1, bf16)."""
     head = ["GPU (datasheet)", "HBM GB/s", "16-bit TFLOP/s (dense)", "ridge FLOP/byte"]
     head += [f"{m} decode floor ({decode_pos(m):,} cached)" for m in models]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

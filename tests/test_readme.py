@@ -1,4 +1,5 @@
-"""The README as a landing page: its claim table, lesson links, screenshots, GPU figures and CI job cannot drift."""
+"""The README as a landing page, and the docs/ pages it links: the claim table, lesson links, screenshots, GPU
+figures, run times and CI job cannot drift, and the landing page stays one screen of essentials."""
 from __future__ import annotations
 
 import re
@@ -11,7 +12,11 @@ from notebook_links import NOTEBOOKS, ROOT, link_problem, notebook_links, sectio
 from test_stored_outputs import CLAIM_CALL
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+DOCS = ROOT / "docs"
+PAGES = {p.name: p.read_text(encoding="utf-8") for p in sorted(DOCS.glob("*.md"))}
+CLAIMS = PAGES["claims.md"]
 CLAIMS_HEADING = "## What the source texts claim, and where you measure it"
+README_MAX_BYTES = 8000          # a landing page: what the course is, two commands, the map, pictures, links
 
 
 def section(text: str, heading: str) -> str:
@@ -62,12 +67,12 @@ def row_problems(row: str) -> list[str]:
 
 
 def test_the_claim_table_is_there_and_full():
-    rows = table_rows(section(README, CLAIMS_HEADING))
+    rows = table_rows(section(CLAIMS, CLAIMS_HEADING))
     assert len(rows) >= 40, f"the claim table has {len(rows)} rows; the two seed texts hold more claims than that"
 
 
 def test_every_claim_links_to_a_heading_that_exists():
-    problems = [p for row in table_rows(section(README, CLAIMS_HEADING)) for p in row_problems(row)]
+    problems = [p for row in table_rows(section(CLAIMS, CLAIMS_HEADING)) for p in row_problems(row)]
     assert not problems, "\n".join(problems)
 
 
@@ -108,24 +113,58 @@ def test_a_heading_only_section_is_not_a_computation(tmp_path):
     assert [c["cell_type"] for c in section_cells(tmp_path / "01_x.ipynb", "2.-Code")] == ["markdown", "code"]
 
 
-def test_every_lesson_link_in_the_readme_lands():
-    links = notebook_links(README)
+def test_every_lesson_link_in_the_readme_and_its_pages_lands():
+    links = notebook_links(README) + [link for text in PAGES.values() for link in notebook_links(text)]
     assert len(links) > 40
     problems = [p for name, frag in links if (p := link_problem(name, frag))]
     assert not problems, "\n".join(problems)
 
 
+LOCAL_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s#]+)(?:#[^)]*)?\)")
+
+
+def local_link_problems(text: str, folder) -> list[str]:
+    """Relative links of a markdown page (not web addresses) whose file does not exist, seen from `folder`."""
+    return [f"{target} (from {folder.name or 'the root'})" for target in LOCAL_LINK.findall(text)
+            if not re.match(r"^[a-z]+:", target) and not (folder / target).exists()]
+
+
+def test_every_file_the_readme_and_its_pages_link_exists():
+    problems = local_link_problems(README, ROOT)
+    problems += [p for name, text in PAGES.items() for p in local_link_problems(text, DOCS)]
+    assert not problems, "\n".join(problems)
+    linked = set(re.findall(r"\]\(docs/([\w-]+\.md)", README))
+    assert linked == set(PAGES), f"the README links {sorted(linked)}, docs/ holds {sorted(PAGES)}"
+    assert all("](../README.md)" in text for text in PAGES.values()), "every page links back to the README"
+
+
+def test_a_missing_file_is_reported(tmp_path):
+    (tmp_path / "a.md").write_text("x")
+    assert local_link_problems("[a](a.md) [b](b.md) [web](https://x.org/b.md)", tmp_path) == [
+        f"b.md (from {tmp_path.name})"]
+
+
+def test_the_readme_is_a_landing_page():
+    size = len(README.encode("utf-8"))
+    assert size <= README_MAX_BYTES, f"README.md is {size:,} bytes; move detail into a docs/ page and link it"
+    headings = [line for line in README.splitlines() if line.startswith("## ")]
+    assert headings[:2] == ["## Two commands", "## Course map"] and "## More" in headings
+    assert "make lab" in README and "make test" in README
+
+
 def test_the_screenshots_exist():
     shots = re.findall(r"!\[[^\]]*\]\((docs/[^)]+\.png)\)", README)
+    assert len(shots) == 3, f"the landing page shows three screenshots, got {shots}"
+    widget_shots = {f"docs/{s}" for s in re.findall(r"!\[[^\]]*\]\(([^)/]+\.png)\)", PAGES["widgets.md"])}
     assert {"docs/token_viewer.png", "docs/kv_calculator.png", "docs/explorer.png",
-            "docs/serving_dashboard.png"} <= set(shots)
-    assert [s for s in shots if not (ROOT / s).exists()] == []
+            "docs/serving_dashboard.png"} <= widget_shots
+    assert [s for s in shots + sorted(widget_shots) if not (ROOT / s).exists()] == []
 
 
 def test_the_gpu_table_is_what_labutils_computes():
-    block = re.search(r"<!-- gpu-table:[^>]*-->\n(.*?)\n<!-- /gpu-table -->", README, flags=re.S)
-    assert block, "the README lost its <!-- gpu-table --> block"
-    assert block.group(1) == gpu_table.markdown(), "README's GPU table is stale: paste python -m labutils.gpu_table"
+    block = re.search(r"<!-- gpu-table:[^>]*-->\n(.*?)\n<!-- /gpu-table -->", PAGES["gpu.md"], flags=re.S)
+    assert block, "docs/gpu.md lost its <!-- gpu-table --> block"
+    assert block.group(1) == gpu_table.markdown(), "docs/gpu.md's GPU table is stale: paste python -m labutils.gpu_table"
 
 
 def test_gpu_table_figures():
@@ -146,7 +185,8 @@ def test_gpu_table_figures():
 
 def test_the_readme_shows_the_committed_workflow():
     workflow = (ROOT / ".github" / "workflows" / "test.yml").read_text(encoding="utf-8").rstrip("\n")
-    assert f"```yaml\n{workflow}\n```" in README, "README's For instructors block differs from .github/workflows/test.yml"
+    assert f"```yaml\n{workflow}\n```" in PAGES["instructors.md"], \
+        "docs/instructors.md's block differs from .github/workflows/test.yml"
     assert ".ci/run" in workflow and "3.12" in workflow
 
 
