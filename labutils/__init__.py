@@ -18,7 +18,10 @@ def setup_notebook(seed: int = 0):
     import torch
 
     from .hardware import pick_device
+    from .validate import check_count
 
+    # numpy's legacy seed takes 0 .. 2**32 - 1: refuse anything else by name, before anything is seeded
+    seed = check_count("seed", seed, 0, 2 ** 32 - 1, hint="any whole number from 0 to 2**32 - 1")
     pio.renderers.default = "plotly_mimetype"
     random.seed(seed)
     np.random.seed(seed)

@@ -8,7 +8,7 @@ import dataclasses
 
 import torch
 
-from .validate import DEVICE_KINDS, DoesNotFitError, check_count, check_device, check_torch_dtype
+from .validate import DEVICE_KINDS, DoesNotFitError, check_count, check_device, check_torch_dtype, describe
 
 
 def cache_args(config, batch_size, max_len, device, dtype):
@@ -17,6 +17,9 @@ def cache_args(config, batch_size, max_len, device, dtype):
     A cache that could never be allocated (more bytes than free memory, or than int64 counts) is
     refused here, by name, before torch tries.
     """
+    if not hasattr(config, "context_length"):
+        got = "a model: pass its .config" if hasattr(config, "config") else describe(config)
+        raise TypeError(f"a KV cache takes the model's config, KVCache(model.config, batch_size, max_len), got {got}")
     max_len = config.context_length if max_len is None else max_len
     max_len = check_count("max_len", max_len, 1, config.context_length,
                           hint=f"it exceeds the context length {config.context_length}; the position table "

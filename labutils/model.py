@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from .kernels import attention
 from .presets import get_shape
 from .safe_load import read_json, read_weights, torch_load, warn_nonfinite
-from .validate import check_cache, check_choice, check_count, check_flag, check_token_ids
+from .validate import (check_cache, check_choice, check_count, check_device, check_flag, check_token_ids,
+                       check_torch_dtype, describe)
 
 from .paths import data_dir  # the one lookup for data/: a clear error outside a clone
 DATA_DIR = data_dir()
@@ -301,10 +302,11 @@ class GPT(nn.Module):
         logits only, [1, len(logits_at), vocab]: a packed batch needs each finished request's last token.
         """
         if check:
+            if cache is not None:
+                check_cache(cache, self)     # what it is, layers, heads, dtype, device: once per request, not per step
             # int(): a static cache keeps pos on the device; reading it is a host sync, like check_ids.
             self.check_ids(ids, int(cache.pos) if cache is not None else 0)
             if cache is not None:
-                check_cache(cache, self)     # layers, heads, dtype, device: once per request, not per step
                 cache.check_fits(ids.shape[0], ids.shape[1])
         T = ids.shape[1]
         # The cache says where the new tokens sit: a Python int for KVCache, a device tensor for a
@@ -385,6 +387,9 @@ def load_hf_gpt2(path: str | Path, device=None, dtype: torch.dtype = torch.float
     Every tensor is mapped by name and its shape checked, as nanoGPT's from_pretrained does;
     a missing, misshapen or unknown tensor raises ValueError naming it. Nothing is downloaded.
     """
+    # Parsed here, once: a device this machine has, a float dtype ("fp16" or torch.float16), before any file is read.
+    device = None if device is None else check_device("device", device)
+    dtype = check_torch_dtype("dtype", dtype)
     path = Path(path)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} has no config.json; point load_hf_gpt2 at a save_pretrained folder")
@@ -499,6 +504,9 @@ def load_checkpoint(path: str | Path, map_location="cpu") -> GPT:
 
 
 def save_checkpoint(model: GPT, path: str | Path) -> None:
+    if not isinstance(model, GPT):
+        raise TypeError(f"save_checkpoint(model, path) takes the GPT first, got {describe(model)}; the folder "
+                        "comes second")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(dataclasses.asdict(model.config), indent=2) + "\n")

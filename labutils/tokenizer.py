@@ -157,6 +157,11 @@ def train_bpe(text: str, vocab_size: int, pat_str: str = GPT4_SPLIT_PATTERN,
     vocab_size = check_count("vocab_size", vocab_size, 256 + len(special_tokens),
                              hint=f"the vocab holds 256 byte tokens + {len(special_tokens)} special, then the merges")
     n_merges = vocab_size - 256 - len(special_tokens)
+    try:
+        regex.compile(pat_str)       # tiktoken would fail later with a bare regex error
+    except (regex.error, TypeError) as err:
+        raise ValueError(f"pat_str is not a regular expression the splitter can use ({err}); pass a pattern "
+                         "such as tokenizer.GPT4_SPLIT_PATTERN") from None
     merges = bpe_merges(text, n_merges, pat_str, show_progress=show_progress, verbose=verbose)
     ranks = ranks_from_merges(merges)
     specials = {tok: len(ranks) + i for i, tok in enumerate(special_tokens)}

@@ -411,3 +411,55 @@ def test_a_gpt_this_machine_cannot_build_is_refused_before_allocating(cfg, match
 def test_gpt_refuses_a_preset_name_in_place_of_a_config():
     with pytest.raises(TypeError, match=r"GPT takes a GPTConfig, got str; use GPT\(GPTConfig\(...\)\)"):
         GPT("tiny")
+
+
+# --- raw errors from wrong types (issue 20 §4): parsed at the boundary, with the way out ------------------------
+
+def _small():
+    from labutils.model import GPT, GPTConfig
+    return GPT(GPTConfig(vocab_size=64, context_length=32, n_layer=1, n_head=2, n_embd=16))
+
+
+def test_a_cache_of_the_model_itself_says_to_pass_its_config():
+    from labutils.kvcache import KVCache
+    with pytest.raises(TypeError, match=r"KVCache\(model.config, batch_size, max_len\), got a model: pass its .config"):
+        KVCache(_small())
+    with pytest.raises(TypeError, match="got str"):
+        KVCache("tiny")
+
+
+def test_prefill_with_something_that_is_not_a_cache():
+    from labutils.generate import prefill
+    with pytest.raises(TypeError, match="cache must be a KVCache"):
+        prefill(_small(), torch.tensor([[1, 2]]), "cache")
+
+
+def test_save_checkpoint_with_its_arguments_swapped(tmp_path):
+    from labutils.model import save_checkpoint
+    with pytest.raises(TypeError, match="takes the GPT first, got str"):
+        save_checkpoint(str(tmp_path), _small())
+
+
+def test_load_hf_gpt2_parses_its_device_and_dtype(tmp_path):
+    from labutils.model import load_hf_gpt2, save_hf_gpt2
+    save_hf_gpt2(_small(), tmp_path)
+    assert load_hf_gpt2(tmp_path, dtype="fp16").lm_head.weight.dtype == torch.float16     # a name works too
+    with pytest.raises(ValueError, match="unknown device 'tpu'"):
+        load_hf_gpt2(tmp_path, device="tpu")
+    with pytest.raises(ValueError, match="unknown dtype 'fp12'"):
+        load_hf_gpt2(tmp_path, dtype="fp12")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="'cuda' is not available on this machine"):
+            load_hf_gpt2(tmp_path, device="cuda")
+
+
+def test_a_broken_split_pattern_is_refused_by_name():
+    from labutils.tokenizer import train_bpe
+    with pytest.raises(ValueError, match=r"pat_str is not a regular expression .*missing \)"):
+        train_bpe("hello world " * 20, 300, pat_str="(")
+
+
+def test_setup_notebook_names_a_bad_seed():
+    import labutils
+    with pytest.raises(ValueError, match="seed must be >= 0, got -1"):
+        labutils.setup_notebook(seed=-1)
