@@ -564,16 +564,26 @@ def test_serving_engine(data):
     model = MODELS["other"]
     eng_kw, spoilt = data.draw(spoiled(
         dict(max_batch_size=st.integers(1, 4), block_size=st.sampled_from([1, 4, 16]), prefix_caching=st.booleans(),
-             kv_budget_bytes=st.one_of(st.none(), st.integers(0, 20_000)), mode=st.sampled_from(["continuous", "static"])),
+             kv_budget_bytes=st.one_of(st.none(), st.integers(0, 20_000)), mode=st.sampled_from(["continuous", "static"]),
+             # at least the context (16) and the batch: valid with chunking on or off
+             max_num_batched_tokens=st.one_of(st.none(), st.integers(16, 64)), chunked_prefill=st.booleans()),
         dict(max_batch_size=bad_counts, block_size=st.one_of(bad_counts, st.just(17)),
              prefix_caching=junk.filter(lambda v: not isinstance(v, bool)),
              kv_budget_bytes=st.one_of(small_bad_counts.filter(lambda v: v is not None and v != 0), huge),
-             mode=st.one_of(st.sampled_from(["fifo", "Continuous", ""]), junk))))
+             mode=st.one_of(st.sampled_from(["fifo", "Continuous", ""]), junk),
+             max_num_batched_tokens=st.one_of(bad_counts.filter(lambda v: v is not None), st.integers(1, 3)),
+             chunked_prefill=junk.filter(lambda v: not isinstance(v, bool)))))
     req_kw, bad_req = data.draw(spoiled(
         dict(prompt_ids=serving_prompts, max_new_tokens=st.integers(1, 12), arrival_s=st.sampled_from([0.0, 0.01]),
-             eos_id=st.one_of(st.none(), st.integers(0, 31))),
+             eos_id=st.one_of(st.none(), st.integers(0, 31)), temperature=st.sampled_from([0.0, 0.8]),
+             top_k=st.one_of(st.none(), st.integers(1, 40)), top_p=st.one_of(st.none(), st.floats(0.1, 1.0)),
+             seed=st.one_of(st.none(), st.integers(0, 2 ** 31))),
         dict(prompt_ids=serving_bad_prompts, max_new_tokens=bad_counts,
-             arrival_s=st.one_of(bad_numbers.filter(lambda v: v != 0), st.just(1e9)), eos_id=st.one_of(bad_counts, st.just(32)))))
+             arrival_s=st.one_of(bad_numbers.filter(lambda v: v != 0), st.just(1e9)), eos_id=st.one_of(bad_counts, st.just(32)),
+             temperature=st.one_of(st.floats(max_value=-0.01), st.just(float("nan")), junk),
+             top_k=st.one_of(st.integers(max_value=0), junk.filter(lambda v: v is not None)),
+             top_p=st.one_of(st.floats(1.01, 5), st.just(0.0), junk.filter(lambda v: v is not None)),
+             seed=st.one_of(st.integers(max_value=-1), junk.filter(lambda v: v is not None)))))
     extra = data.draw(st.lists(st.tuples(st.lists(st.integers(0, 31), min_size=1, max_size=12), st.integers(1, 8)),
                                max_size=3))
 
@@ -594,7 +604,8 @@ def test_serving_engine(data):
             else:
                 assert 1 <= len(r.tokens) == len(r.timestamps) and all(0 <= t < 32 for t in r.tokens)
                 assert r.ttft_s >= 0 and r.latency_s >= r.ttft_s
-    names = named(spoilt or bad_req, [*params(Engine), "prompt_ids", "max_new_tokens", "arrival_s", "eos_id"],
+    names = named(spoilt or bad_req, [*params(Engine), "prompt_ids", "max_new_tokens", "arrival_s", "eos_id",
+                                      "temperature", "top_k", "top_p", "seed"],
                   {"prompt_ids": ["prompt_ids[", "prompt"]})
     outcome("serving.Engine", run, names, invariant)
 
