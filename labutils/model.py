@@ -167,18 +167,18 @@ class CausalSelfAttention(nn.Module):
             pos = torch.arange(T, device=x.device) if pos is None else pos
             cos, sin = rope_angles(pos, self.head_dim, q.dtype)          # once for q and k
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        q_offset, mask = 0, None
         if cache is not None and hasattr(cache, "attend"):
             # A packed batch (serving.paged_cache): many requests end to end, each attending to its own blocks.
             y = cache.attend(self.layer_idx, q, k, v, self.impl)
-            return self.proj(y.transpose(1, 2).reshape(B, T, C))
-        if cache is not None:
-            # KVCache returns the written prefix (mask None: causal by offset); a static cache returns
-            # its whole buffer and the mask of the keys written so far (labutils.static_cache).
-            mask = cache.mask
-            q_offset = cache.pos if mask is None else 0
-            k, v = cache.update(self.layer_idx, k, v)   # now every key and value so far
-        y = attention(q, k, v, q_offset=q_offset, impl=self.impl, mask=mask)
+        else:
+            q_offset, mask = 0, None
+            if cache is not None:
+                # KVCache returns the written prefix (mask None: causal by offset); a static cache returns
+                # its whole buffer and the mask of the keys written so far (labutils.static_cache).
+                mask = cache.mask
+                q_offset = cache.pos if mask is None else 0
+                k, v = cache.update(self.layer_idx, k, v)   # now every key and value so far
+            y = attention(q, k, v, q_offset=q_offset, impl=self.impl, mask=mask)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
 

@@ -14,12 +14,6 @@ import torch
 from .attention import attention
 
 
-def block_slots(block_tables: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Block tables [batch, n_blocks] -> the pool slot of every key position [batch, n_blocks * block_size]."""
-    offsets = torch.arange(block_size, device=block_tables.device)
-    return (block_tables[:, :, None] * block_size + offsets).flatten(1)
-
-
 def gather_blocks(pool: torch.Tensor, block_tables: torch.Tensor, block_size: int) -> torch.Tensor:
     """One layer's pool [n_slots, n_kv_head, head_dim], each row's blocks in table order -> [batch, n_kv_head, L, head_dim].
 
@@ -52,4 +46,4 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     return attention(q, k, v, impl=impl, mask=paged_mask(positions, k.shape[2]))
 
 
-__all__ = ["block_slots", "gather_blocks", "paged_attention", "paged_mask"]
+__all__ = ["gather_blocks", "paged_attention", "paged_mask"]

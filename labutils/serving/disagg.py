@@ -66,7 +66,7 @@ def _drive(engine: Engine, clock: StepClock, workload) -> list[RequestResult]:
 
 
 @dataclass
-class Served:
+class SimulatedRun:
     """A simulated serving run: every request's result (in workload order), on virtual clocks, and its summary."""
 
     setup: str
@@ -77,15 +77,15 @@ class Served:
     busy: list[float] = dataclasses.field(default_factory=list)        # per machine: share of wall_s in steps
 
 
-def _served(setup: str, results: list[RequestResult], workload: Workload, slo, clocks, handoffs=()) -> Served:
+def _served(setup: str, results: list[RequestResult], workload: Workload, slo, clocks, handoffs=()) -> SimulatedRun:
     for index, (r, req) in enumerate(zip(results, workload)):
         r.id, r.kv = index if req.id is None else req.id, None      # numbered as run_workload numbers them
     wall = max(max((r.timestamps[-1] for r in results if r.timestamps), default=0.0), 1e-9)
-    return Served(setup, results, wall, summarize(results, wall, slo), list(handoffs), [c.busy_s / wall for c in clocks])
+    return SimulatedRun(setup, results, wall, summarize(results, wall, slo), list(handoffs), [c.busy_s / wall for c in clocks])
 
 
 def serve_mixed(model, workload: Workload, max_batch_size: int, *, machines: int = 1, slo=None,
-                **engine_options) -> Served:
+                **engine_options) -> SimulatedRun:
     """The workload on `machines` ordinary engines (prefill and decode mixed), request i on machine i % machines."""
     machines = check_count("machines", machines, 1, 64)
     results: list[RequestResult | None] = [None] * len(workload)
@@ -100,7 +100,7 @@ def serve_mixed(model, workload: Workload, max_batch_size: int, *, machines: int
 
 
 def serve_disaggregated(model, workload: Workload, *, prefill_batch: int, decode_batch: int, link_Bps: float,
-                        slo=None, **engine_options) -> Served:
+                        slo=None, **engine_options) -> SimulatedRun:
     """The workload on a prefill worker and a decode worker: each prompt is prefilled (and its first token made)
     on one, its KV cache crosses a link of `link_Bps` bytes/s, and the other decodes the rest. Greedy only."""
     link_Bps = check_positive("link_Bps", link_Bps)
@@ -133,4 +133,4 @@ def serve_disaggregated(model, workload: Workload, *, prefill_batch: int, decode
     return _served("prefill worker + decode worker", ordered, workload, slo, (p_clock, d_clock), handoffs)
 
 
-__all__ = ["Served", "StepClock", "serve_disaggregated", "serve_mixed"]
+__all__ = ["SimulatedRun", "StepClock", "serve_disaggregated", "serve_mixed"]

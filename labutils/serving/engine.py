@@ -121,23 +121,14 @@ class Engine:
         # An hour at most: arrivals are waited for on the real clock.
         arrival_s = check_number("arrival_s", arrival_s, minimum=0, maximum=MAX_ARRIVAL_S,
                                  hint="seconds after the workload starts, on the real clock")
-        V = self.config.vocab_size
-        if eos_id is not None:
-            eos_id = check_count("eos_id", eos_id, 0, V - 1, hint=f"a token id of this model's vocab (0..{V - 1}), or None")
+        eos_id = self._check_eos(eos_id)
         check_sampling(temperature, top_k, top_p)
         seed = None if seed is None else check_seed(seed)
         if self._t0 is not None:             # the clock runs: a request cannot arrive in the past
             arrival_s = max(float(arrival_s), self.clock())
         generator = fake_cuda.generator(self.device, seed) if temperature > 0 else None
-        seq = Sequence(self._next_id, prompt, max_new_tokens, arrival_s, eos_id, float(temperature), top_k, top_p,
-                       generator)
-        self._next_id += 1
-        total, ctx = len(prompt) + seq.max_new_tokens, self.config.context_length
-        if total > ctx:
-            self._rejected[seq.id] = (f"prompt ({len(prompt)}) + max_new_tokens ({seq.max_new_tokens}) = {total} "
-                                      f"tokens exceed the context length {ctx}; shorten one of them")
-        self._pending.append(seq)
-        return seq.id
+        return self._queue(Sequence(self._next_id, prompt, max_new_tokens, arrival_s, eos_id, float(temperature),
+                                    top_k, top_p, generator))
 
     def submit_prefilled(self, prompt_ids, first_token: int, first_token_s: float, kv, max_new_tokens: int, *,
                          arrival_s: float, ready_s: float, eos_id: int | None = None) -> int:
@@ -151,13 +142,27 @@ class Engine:
                 and kv[0].shape[1] == len(prompt)):
             raise ValueError("kv must be the (keys, values) pair a prefill worker's result carries, one position "
                              "per prompt token")
-        seq = Sequence(self._next_id, prompt, max_new_tokens, float(arrival_s), eos_id, ready_s=float(ready_s), kv=kv)
+        seq = Sequence(self._next_id, prompt, max_new_tokens, float(arrival_s), self._check_eos(eos_id),
+                       ready_s=float(ready_s), kv=kv)
         seq.add_token(first_token, float(first_token_s))
+        return self._queue(seq)
+
+    def _queue(self, seq: Sequence) -> int:
+        """Number a checked request and hold it until it may join; one longer than the context is marked for
+        rejection at its arrival, so the others go on."""
         self._next_id += 1
-        if len(seq.tokens) + max_new_tokens - 1 > self.config.context_length:
-            self._rejected[seq.id] = f"{len(prompt)} + {max_new_tokens} tokens exceed the context length"
+        total, ctx = len(seq.prompt) + seq.max_new_tokens, self.config.context_length
+        if total > ctx:
+            self._rejected[seq.id] = (f"prompt ({len(seq.prompt)}) + max_new_tokens ({seq.max_new_tokens}) = {total} "
+                                      f"tokens exceed the context length {ctx}; shorten one of them")
         self._pending.append(seq)
         return seq.id
+
+    def _check_eos(self, eos_id) -> int | None:
+        V = self.config.vocab_size
+        if eos_id is None:
+            return None
+        return check_count("eos_id", eos_id, 0, V - 1, hint=f"a token id of this model's vocab (0..{V - 1}), or None")
 
     def _check_prompt(self, prompt_ids) -> list[int]:
         if isinstance(prompt_ids, torch.Tensor):

@@ -53,16 +53,18 @@ def long_prompt_among_streams(model, *, n_streams: int = 8, stream_prompt: int =
                                 hint="the streams must still be decoding when the long prompt arrives")
     ctx, vocab = model.config.context_length, model.config.vocab_size
     long_prompt = check_count("long_prompt", long_prompt, 1, ctx - 2, hint=f"it must fit the context ({ctx})")
-    g = torch.Generator().manual_seed(seed)
+    *streams, long = streams_and_long_prompt(vocab, n_streams=n_streams, stream_prompt=stream_prompt,
+                                             stream_tokens=stream_tokens, long_prompt=long_prompt, arrival_s=0.0,
+                                             seed=seed).requests
     engine = Engine(model, n_streams + 1, prefix_caching=False, chunked_prefill=chunked,
                     max_num_batched_tokens=max_num_batched_tokens)
-    for _ in range(n_streams):
-        engine.submit(torch.randint(0, vocab, (stream_prompt,), generator=g), stream_tokens)
+    for r in streams:
+        engine.submit(r.prompt_ids, r.max_new_tokens)
     engine.step()                             # the streams arrive (and start)
     while min(s.n_generated for s in engine.scheduler.running + list(engine.scheduler.waiting)) < settle_tokens:
         engine.step()
     arrival = engine.clock()
-    long_id = engine.submit(torch.randint(0, vocab, (long_prompt,), generator=g), 2)
+    long_id = engine.submit(long.prompt_ids, long.max_new_tokens)
     results = engine.run()
     return Interference([r for r in results if r.id != long_id], results[long_id], arrival, engine.wall_s,
                         chunked, engine.max_num_batched_tokens)
@@ -117,8 +119,8 @@ class ServerRun:
 
 def streams_and_long_prompt(vocab_size: int, *, n_streams: int, stream_prompt: int, stream_tokens: int,
                             long_prompt: int, arrival_s: float, seed: int = 0) -> Workload:
-    """The interference experiment as a workload for a server: the streams at t=0, the long prompt at arrival_s
-    (its prompt ids drawn as long_prompt_among_streams draws them)."""
+    """The interference experiment's requests, seeded: the streams at t=0, then the long prompt (2 new tokens) at
+    arrival_s. long_prompt_among_streams submits the same ones to the engine; on_vllm sends them to a server."""
     g = torch.Generator().manual_seed(seed)
     streams = [Request(tuple(torch.randint(0, vocab_size, (stream_prompt,), generator=g).tolist()), stream_tokens)
                for _ in range(n_streams)]

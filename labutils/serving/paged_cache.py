@@ -68,8 +68,7 @@ class PagedKVCache:
                               "or fewer batch slots") from None
 
     def _slots(self, table: list[int], n: int) -> torch.Tensor:
-        bs = self.block_size
-        return torch.tensor([table[p // bs] * bs + p % bs for p in range(n)], device=self.device)
+        return torch.tensor(slots_of(table, 0, n, self.block_size), device=self.device)
 
     def read(self, table: list[int], n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A copy of one request's keys and values at positions 0 .. n-1: [n_layer, n, n_kv_head, head_dim] each.
@@ -92,6 +91,11 @@ class PagedKVCache:
     def batch(self, rows: list["Row"]) -> "PackedBatch":
         """The view one forward pass uses: every row's new tokens, laid end to end."""
         return PackedBatch(self, rows)
+
+
+def slots_of(table: list[int], start: int, n: int, block_size: int) -> list[int]:
+    """The pool slots of positions start .. start + n - 1 of a request with block table `table`."""
+    return [table[p // block_size] * block_size + p % block_size for p in range(start, start + n)]
 
 
 class Row(NamedTuple):
@@ -125,7 +129,7 @@ class PackedBatch:
             if r.start < 0 or r.start + r.n > len(r.table) * bs:
                 raise ValueError(f"positions {r.start} .. {r.start + r.n - 1} do not fit a block table of "
                                  f"{len(r.table)} blocks")
-        self.cache, self.rows = cache, rows
+        self.cache = cache
         self.n_decode = next((i for i, r in enumerate(rows) if r.n > 1), len(rows))
         if any(r.n == 1 for r in rows[self.n_decode:]):
             raise ValueError("a packed batch takes its one-token rows first, then the longer ones")
@@ -135,7 +139,7 @@ class PackedBatch:
         # per token its position and its slot; the decode rows' tables padded with one of their own blocks (a valid
         # slot to read, always masked out); each prefill chunk's table up to its last position.
         positions = [p for r in rows for p in range(r.start, r.start + r.n)]
-        slots = [r.table[p // bs] * bs + p % bs for r in rows for p in range(r.start, r.start + r.n)]
+        slots = [s for r in rows for s in slots_of(r.table, r.start, r.n, bs)]
         groups = []                                   # [first row, end row, shortest table, longest table]
         for i, r in enumerate(rows[:self.n_decode]):
             w = len(r.table)
