@@ -52,14 +52,14 @@ test: $(TEST_DEPS)
 
 # Re-execute every lesson (or LESSONS="notebooks/05_*.ipynb ...") and store its outputs, after changing labutils.
 # The stored timings must come from a quiet machine, one lesson at a time: before each lesson it asks
-# labutils.quiet whether other processes hold the CPU, and stops if they do (FORCE=1 runs anyway; the lessons
+# labutils.perf.quiet whether other processes hold the CPU, and stops if they do (FORCE=1 runs anyway; the lessons
 # then print busy-machine lines, which tests/test_stored_outputs.py refuses). Widget state is not stored: each
 # plotly FigureWidget would otherwise embed all of plotly.js (about 5 MB) in the file.
 LESSONS ?= notebooks/*.ipynb
 FORCE ?= 0
 notebooks: setup
 	for nb in $(LESSONS); do \
-		[ "$(FORCE)" = 1 ] || $(BIN)/python -m labutils.quiet 3 || { \
+		[ "$(FORCE)" = 1 ] || $(BIN)/python -m labutils.perf.quiet 3 || { \
 			echo "make notebooks: the machine is busy, so stored timings would be wrong; stop the other"; \
 			echo "processes (tests, notebooks, builds) or run make notebooks FORCE=1"; exit 1; }; \
 		echo "executing $$nb"; \

@@ -1,7 +1,22 @@
-"""labutils: the tested code behind the Prefill & Decode Lab notebooks."""
+"""labutils: the tested code behind the Prefill & Decode Lab notebooks.
+
+The parts follow the course, bottom to top (LAYERS); each imports only from its own part and those below it:
+  core      argument parsing, the dtype table, devices, data/, progress bars, fake CUDA
+  text      tokenizer, streaming detokenizer, corpus                      (lessons 01)
+  model     GPT, presets, attention kernels, checkpoints, loss            (02-04)
+  perf      timers, busy check, probes, datasheets, peaks, roofline counts (00, 07)
+  decode    prefill/decode_step, KV caches, fast loop, speculative, int8  (05-08, 10)
+  serving   the engine, paged cache, scheduler, workloads, vLLM client    (09, 11)
+  measure   the lessons' experiments and claims that check themselves
+  figures   plotly figures shared by lessons and widgets
+  widgets   thin ipywidgets views
+The top-level modules are the course's commands: `python -m labutils.bench | labutils.train | labutils.gpu_table`.
+"""
 from __future__ import annotations
 
 __version__ = "0.1.0"
+
+LAYERS = ("core", "text", "model", "perf", "decode", "serving", "measure", "figures", "widgets")
 
 
 def setup_notebook(seed: int = 0):
@@ -17,8 +32,8 @@ def setup_notebook(seed: int = 0):
     import plotly.io as pio
     import torch
 
-    from .hardware import pick_device
-    from .validate import check_count
+    from labutils.core.devices import pick_device
+    from labutils.core.validate import check_count
 
     # numpy's legacy seed takes 0 .. 2**32 - 1: refuse anything else by name, before anything is seeded
     seed = check_count("seed", seed, 0, 2 ** 32 - 1, hint="any whole number from 0 to 2**32 - 1")

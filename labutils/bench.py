@@ -26,17 +26,19 @@ from typing import Callable
 
 import torch
 
-from . import quant, quiet, timing
-from .generate import decode_step, generate, prefill
-from .dtypes import dtype_name
-from .hardware import default_dtype
-from .kvcache import KVCache
-from .model import GPT, GPTConfig, save_hf_gpt2
-from .serving import vllm_server
-from .serving.engine import Engine, run_workload
-from .serving import interference
-from .serving.openai_client import OpenAIClient
-from .serving.workload import Request, Workload, make_workload, summarize
+from labutils.decode import quant
+from labutils.perf import quiet, timing
+from labutils.decode.loop import decode_step, generate, prefill
+from labutils.core.dtypes import dtype_name
+from labutils.core.devices import default_dtype
+from labutils.decode.kvcache import KVCache
+from labutils.model.gpt import GPT, GPTConfig
+from labutils.model.checkpoints import save_hf_gpt2
+from labutils.serving import vllm_server
+from labutils.serving.engine import Engine, run_workload
+from labutils.serving import interference
+from labutils.serving.openai_client import OpenAIClient
+from labutils.serving.workload import Request, Workload, make_workload, summarize
 
 
 @dataclass
@@ -65,7 +67,7 @@ class BenchRow:
     setup: str                  # shape, dtype, device, lengths: enough to reproduce the row
     detail: str                 # the two measured sides
     status: str = ""            # PASS / FAIL / ERROR, or SKIP (cannot run here; detail says why)
-    machine: str = "quiet"      # "busy" when other processes used the CPU while the row ran (labutils.quiet)
+    machine: str = "quiet"      # "busy" when other processes used the CPU while the row ran (labutils.perf.quiet)
 
     def __post_init__(self):
         if not self.status:
@@ -176,7 +178,7 @@ def _dtype(s: BenchSettings) -> torch.dtype:
 
 def fast_model(model: GPT, s: BenchSettings) -> GPT:
     """The model as the fast loop runs it on this device: on CPU with column-major weights (fastgen.column_major_weights)."""
-    from .fastgen import column_major_weights
+    from labutils.decode.fastgen import column_major_weights
     return column_major_weights(model) if s.device.type == "cpu" else model
 
 
@@ -196,7 +198,7 @@ def hf_pair(shape: str, s: BenchSettings):
 
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from .model import load_hf_gpt2
+    from labutils.model.checkpoints import load_hf_gpt2
     shapes = {"tiny": dict(n_layer=4, n_embd=256, n_head=4), "gpt2-small": dict(n_layer=12, n_embd=768, n_head=12),
               "bench-quick": dict(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=160)}
     torch.manual_seed(0)
@@ -217,7 +219,7 @@ def hf_generate(hf, ids: torch.Tensor, new: int) -> torch.Tensor:
 
 def check_same_greedy_tokens(hf, ours, ids: torch.Tensor, new: int) -> None:
     """Refuse to time two loops that do not compute the same thing; in fp32, so kernels' rounding cannot differ."""
-    from .fastgen import fast_generate
+    from labutils.decode.fastgen import fast_generate
     want = hf_generate(hf.float(), ids, new).cpu()
     got = fast_generate(ours.float(), ids, new).tokens
     if not torch.equal(want, got):
@@ -227,7 +229,7 @@ def check_same_greedy_tokens(hf, ours, ids: torch.Tensor, new: int) -> None:
 
 
 def _fast_vs_hf(s: BenchSettings, shape: str, target: str) -> BenchRow:
-    from .fastgen import FastDecoder
+    from labutils.decode.fastgen import FastDecoder
     hf, ours = hf_pair(shape, s)
     ids, new = _request(s, ours.config.vocab_size)
     hf, ours = hf.to(s.device), fast_model(ours.to(s.device), s)
@@ -259,15 +261,15 @@ def decode_bandwidth(s: BenchSettings) -> BenchRow:
 
     On a CPU the gpt2-small shape (target 0.7). On CUDA a 1B+ preset, gpt2-xl in bf16 (target 0.8).
     """
-    from .fastgen import FastDecoder
-    from .hardware import measure_bandwidth
-    from .prepack import prepack_linears, prepack_unavailable
-    from .roofline import decode_bytes, mean_decode_pos
+    from labutils.decode.fastgen import FastDecoder
+    from labutils.perf.probes import measure_bandwidth
+    from labutils.decode.prepack import prepack_linears, prepack_unavailable
+    from labutils.perf.roofline import decode_bytes, mean_decode_pos
     preset = "gpt2-xl" if s.device.type == "cuda" and not s.quick else s.preset
     base = copy.deepcopy(bench_model(preset, str(s.device))).to(dtype=_dtype(s))
     ids, new = _request(s, base.config.vocab_size)
     # This row compares no tokens, so it may take whichever weight layout streams fastest on this machine: row-major
-    # (nn.Linear), column-major, or oneDNN-prepacked (labutils.prepack, whose sums differ in the last bits). Which one
+    # (nn.Linear), column-major, or oneDNN-prepacked (labutils.decode.prepack, whose sums differ in the last bits). Which one
     # wins depends on the CPU: prepacked won on an AMD EPYC and lost to row-major on an Intel Xeon.
     layouts = {"row-major weights": base}
     if s.device.type == "cpu":
@@ -298,9 +300,9 @@ def decode_bandwidth(s: BenchSettings) -> BenchRow:
 
 def prefill_throughput(s: BenchSettings) -> BenchRow:
     """Prefill FLOP/s at 512 tokens (roofline.prefill_flops / measured time) against measured matmul FLOP/s."""
-    from .hardware import measure_matmul_flops
-    from .roofline import prefill_flops
-    from .static_cache import StaticKVCache
+    from labutils.perf.probes import measure_matmul_flops
+    from labutils.perf.roofline import prefill_flops
+    from labutils.decode.static_cache import StaticKVCache
     model = fast_model(copy.deepcopy(bench_model(s.preset, str(s.device))).to(dtype=_dtype(s)), s)
     prompt_len = 64 if s.quick else 512
     ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0),
@@ -369,6 +371,8 @@ def continuous_vs_one_at_a_time(s: BenchSettings) -> BenchRow:
                     f"serving.Engine (paged KV, block 16), {wl.description}; greedy tokens equal in {same} of {len(wl)}",
                     f"continuous ({len(wl)} slots) {t['continuous']:.1f} tokens/s, one at a time "
                     f"{t['one at a time']:.1f} tokens/s (median of {s.rounds})")
+
+
 def chunked_vs_whole_prefill_itl(s: BenchSettings) -> BenchRow:
     """p99 ITL of running streams when a long prompt arrives: chunked prefill (a small token budget) vs whole."""
     model = bench_model(s.preset, str(s.device))
@@ -483,7 +487,7 @@ def engine_vs_vllm(s: BenchSettings) -> BenchRow:
     if why := _no_vllm_because(s):
         return BenchRow(name, math.nan, target, "", why, status="SKIP")
     python = vllm_server.vllm_python()
-    from .prepack import prepack_linears, prepack_unavailable
+    from labutils.decode.prepack import prepack_linears, prepack_unavailable
     model = bench_model(s.preset, "cpu")
     # vLLM's CPU backend runs every linear layer through a oneDNN matmul on prepacked weights
     # (vllm/model_executor/layers/utils.py, dispatch_cpu_unquantized_gemm); the engine gets the same layout.
@@ -529,7 +533,7 @@ SPEC_PROMPTS = ("Return the number of", "If the file does not exist,", "This mod
 @functools.lru_cache(maxsize=2)
 def trained_pair(device: str):
     """The course's trained target and draft: fp32 on CPU, bf16 on a GPU (where decode is bandwidth-bound)."""
-    from .model import load_pretrained
+    from labutils.model.checkpoints import load_pretrained
     dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     target, enc = load_pretrained("tiny")
     draft, _ = load_pretrained("draft")
@@ -539,14 +543,14 @@ def trained_pair(device: str):
 def _speculative_row(s: BenchSettings, use_lookup: bool) -> BenchRow:
     """Greedy end to end over a few prompts: generate() vs speculative_generate() at the best k, same tokens.
 
-    On CPU the target is prepacked (labutils.prepack): PyTorch's default fp32 matmul costs about twice
+    On CPU the target is prepacked (labutils.decode.prepack): PyTorch's default fp32 matmul costs about twice
     as much for 5 rows as for 1 on a model this small, while the prepacked one does not, and its rows are
     bit-identical whatever their number, so the tokens can be compared exactly. Plain greedy decoding is
     timed both ways and the faster one is the baseline, so the layout itself earns the row nothing. The
     draft stays as it is: it runs one token at a time, where the default kernel is as fast.
     """
-    from .prepack import prepack_linears, prepack_unavailable
-    from .speculative import PROMPT_LOOKUP, speculative_generate
+    from labutils.decode.prepack import prepack_linears, prepack_unavailable
+    from labutils.decode.speculative import PROMPT_LOOKUP, speculative_generate
     plain, draft_model, enc = trained_pair(str(s.device))
     packed = prepack_unavailable(plain) is None
     target = prepack_linears(copy.deepcopy(plain)) if packed else plain
@@ -663,7 +667,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.threads < 1:
             p.error("--threads must be >= 1")
         torch.set_num_threads(args.threads)
-    from .hardware import pick_device
+    from labutils.core.devices import pick_device
     settings = BenchSettings(device=pick_device(args.device), quick=args.quick, rounds=args.rounds)
     rows = [fn for fn in ROWS if args.only is None or args.only in fn.__name__]
     if not rows:
@@ -673,7 +677,7 @@ def main(argv: list[str] | None = None) -> int:
     before = quiet.sample(1.0)
     if before.busy:
         print(before.message.replace("during this measurement", "before the bench started"))
-    from .peaks import measured_peaks
+    from labutils.perf.peaks import measured_peaks
     # The shared peaks, for reference. Each ratio row still times its own denominator (a copy, a matmul)
     # interleaved with its numerator, so load that drifts during the run hits both sides of the ratio alike.
     print(measured_peaks(settings.device))

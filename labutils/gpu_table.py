@@ -4,10 +4,10 @@ python -m labutils.gpu_table prints it; tests/test_readme.py checks that docs/gp
 """
 from __future__ import annotations
 
-from . import roofline
-from .hardware import SPECS
-from .presets import PRESETS, get_shape
-from .validate import check_choice
+from labutils.perf import roofline
+from labutils.perf.datasheets import SPECS
+from labutils.model.presets import PRESETS, get_shape
+from labutils.core.validate import check_choice
 
 GPUS = ("A100 80GB SXM", "H100 SXM", "H200 SXM")
 MODELS = ("tiny", "gpt2-small", "llama-2-7b")      # the course's two shapes, and the essay's 7B example
@@ -24,7 +24,7 @@ def rows(gpus=GPUS, models=MODELS) -> list[dict]:
     """One dict per GPU: its datasheet figures, 16-bit ridge point and each model's decode floor per token."""
     out = []
     for gpu in gpus:
-        spec = SPECS[check_choice("gpu", gpu, SPECS, "the names are labutils.hardware.SPECS's keys")]
+        spec = SPECS[check_choice("gpu", gpu, SPECS, "the names are labutils.perf.datasheets.SPECS's keys")]
         floors = {m: roofline.decode_floor_s(check_choice("model", m, PRESETS), decode_pos(m), 1, DTYPE,
                                              bandwidth_Bps=spec.bandwidth_Bps) for m in models}
         out.append(dict(gpu=gpu, bandwidth_GBps=spec.bandwidth_GBps, tflops_16=spec.tflops_16,

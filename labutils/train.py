@@ -12,14 +12,23 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .corpus import load_docstrings
-from .model import DATA_DIR, GPT, GPTConfig, load_checkpoint, save_checkpoint
-from .validate import check_count, check_number
+from labutils.model.checkpoints import DATA_DIR, load_checkpoint, save_checkpoint
+from labutils.model.gpt import GPT, GPTConfig
+from labutils.core.validate import check_count, check_number
+from labutils.text.dataset import course_tokens
+from labutils.model.loss import heldout_loss, unigram_loss
+
 
 TINY_DIR = DATA_DIR / "tiny"
+
+
 DRAFT_DIR = DATA_DIR / "draft"
+
+
 # Everything the rebuild depends on, in one place; changing any of these changes model.pt.
 DEFAULTS = dict(steps=1600, batch_size=8, lr=2e-3, warmup=50, seed=0, threads=2, teacher="none", on_policy=0)
+
+
 # The draft learns the tiny target's distributions (distillation), on corpus windows and on 4096 of the
 # target's own continuations: at decode time it is judged on text the target writes, not on the corpus.
 # Measured on the bench prompts at k=4: alpha 0.68 from corpus windows alone (1200 steps), 0.84 with
@@ -42,35 +51,6 @@ MODELS: dict[str, tuple[Callable[[], GPTConfig], Path, dict]] = {
 }
 
 
-# ---------------------------------------------------------------- data
-
-def encode_documents(docs, enc) -> torch.Tensor:
-    """Token ids of every docstring, each followed by <|endoftext|>, as one LongTensor."""
-    ids: list[int] = []
-    for doc_ids in enc.encode_ordinary_batch(list(docs), num_threads=1):
-        ids.extend(doc_ids)
-        ids.append(enc.eot_token)
-    return torch.tensor(ids, dtype=torch.long)
-
-
-def course_tokens(frac: float = 0.9, enc=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(train, heldout) token ids of the course corpus with the course encoding.
-
-    The split is by whole docstrings at about frac of the characters, like corpus.split_corpus,
-    so no held-out docstring is seen in training.
-    """
-    check_number("frac", frac, above=0, below=1, hint="e.g. 0.9 keeps 90% for training")
-    if enc is None:
-        from .tokenizer import get_encoding
-        enc = get_encoding("course")
-    docs = load_docstrings()
-    cut, seen, n_train = frac * sum(len(d) for d in docs), 0, 0
-    while n_train < len(docs) and seen < cut:
-        seen += len(docs[n_train])
-        n_train += 1
-    return encode_documents(docs[:n_train], enc), encode_documents(docs[n_train:], enc)
-
-
 def get_batch(tokens: torch.Tensor, batch_size: int, seq_len: int,
               generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """batch_size random windows of seq_len tokens (x) and the same windows shifted by one (y)."""
@@ -90,14 +70,14 @@ def teacher_continuations(teacher: GPT, tokens: torch.Tensor, n: int, prompt_len
     continuation. Half are greedy and half sampled (temperature 0.8, top-k 40), the two ways lesson 10
     decodes, so a draft trained on them sees the text it will be asked to predict (on-policy data, as in
     DistillSpec, Zhou et al. 2023, arXiv:2310.08461). Deterministic given seed."""
-    from .generate import generate
+    from labutils.decode.loop import generate
     check_count("n", n, 1)
     new = teacher.config.context_length - prompt_len
     generator = torch.Generator().manual_seed(seed)
     rows = []
     batches = range(0, n, batch_size)
     if show_progress:
-        from .progress import progress as bar
+        from labutils.core.progress_bar import progress as bar
         batches = bar(batches, desc="teacher continuations")
     for i in batches:
         starts = torch.randint(0, len(tokens) - prompt_len, (min(batch_size, n - i),), generator=generator)
@@ -116,43 +96,6 @@ def greedy_agreement(student: GPT, teacher: GPT, rows: torch.Tensor, prompt_len:
     return float((student(x, check=False).argmax(-1) == teacher(x, check=False).argmax(-1))[:, prompt_len - 1:]
                  .float().mean())
 
-
-# ---------------------------------------------------------------- losses
-
-def unigram_loss(train_tokens: torch.Tensor, heldout_tokens: torch.Tensor, vocab_size: int) -> float:
-    """Cross-entropy (nats/token) of heldout under train-set token frequencies: the no-context baseline.
-
-    Add-one smoothing gives tokens never seen in training a small, finite probability.
-    """
-    counts = torch.bincount(train_tokens, minlength=vocab_size).double() + 1.0
-    logp = (counts / counts.sum()).log()
-    return float(-logp[heldout_tokens].mean())
-
-
-@torch.no_grad()
-def heldout_loss(model: GPT, tokens: torch.Tensor, seq_len: int | None = None,
-                 batch_size: int = 16) -> float:
-    """Mean next-token cross-entropy (nats/token) over tokens, cut into non-overlapping windows."""
-    seq_len = seq_len or model.config.context_length
-    n = (len(tokens) - 1) // seq_len
-    if n < 1:
-        raise ValueError(f"need more than {seq_len} tokens to measure a loss, got {len(tokens)}; "
-                         "pass a longer slice or a smaller seq_len")
-    x = tokens[:n * seq_len].view(n, seq_len)
-    y = tokens[1:n * seq_len + 1].view(n, seq_len)
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    total = 0.0
-    for i in range(0, n, batch_size):
-        xb, yb = x[i:i + batch_size].to(device), y[i:i + batch_size].to(device)
-        logits = model(xb, check=False)
-        total += float(F.cross_entropy(logits.flatten(0, 1).float(), yb.flatten(), reduction="sum"))
-    model.train(was_training)
-    return total / (n * seq_len)
-
-
-# ---------------------------------------------------------------- training
 
 def lr_at(step: int, steps: int, lr: float, warmup: int, min_frac: float = 0.1) -> float:
     """Linear warm-up for `warmup` steps, then a cosine decay from lr to min_frac * lr."""
@@ -221,7 +164,7 @@ def train(config: GPTConfig, steps: int, batch_size: int, tokens: torch.Tensor |
     model.train()
     steps_iter = range(steps)
     if show_progress:
-        from .progress import progress as bar
+        from labutils.core.progress_bar import progress as bar
         steps_iter = bar(steps_iter, desc="training")
     for step in steps_iter:
         for group in opt.param_groups:
@@ -277,8 +220,6 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-# ---------------------------------------------------------------- command line
-
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--model", choices=list(MODELS), default="tiny",
@@ -310,15 +251,15 @@ def main(argv: list[str] | None = None) -> dict:
     if not args.lr > 0:
         p.error(f"--lr must be > 0, got {args.lr}")
 
-    from .generate import generate
-    from .tokenizer import get_encoding
+    from labutils.decode.loop import generate
+    from labutils.text.tokenizer import get_encoding
 
     torch.set_num_threads(args.threads)
     enc = get_encoding("course")
     config = make_config()
     if config.vocab_size != enc.n_vocab:
         raise ValueError(f"model {args.model!r} has vocab_size={config.vocab_size} but the course encoding "
-                         f"has {enc.n_vocab}; keep labutils/presets.py and train.MODELS in sync")
+                         f"has {enc.n_vocab}; keep labutils/model/presets.py and train.MODELS in sync")
     train_ids, heldout_ids = course_tokens(enc=enc)
     print(f"corpus: {len(train_ids):,} train tokens, {len(heldout_ids):,} held-out tokens")
     print(f"model: {config.num_params():,} parameters; {args.steps} steps x {args.batch_size} x "
@@ -377,3 +318,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 if __name__ == "__main__":
     main()
+
+
+__all__ = ['DEFAULTS', 'DRAFT_DEFAULTS', 'DRAFT_DIR', 'MODELS', 'PROMPT_LEN', 'TINY_DIR', 'draft_config', 'get_batch', 'greedy_agreement', 'lr_at', 'main', 'main', 'round_to_bf16', 'save_bf16', 'sha256', 'teacher_continuations', 'train']

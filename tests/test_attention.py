@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from labutils import attention_cost as ac
-from labutils.kernels import ATTENTION_IMPLS, attention, causal_mask, naive_attention, sdpa_attention
+from labutils.measure import attention_cost as ac
+from labutils.model.kernels import ATTENTION_IMPLS, attention, causal_mask, naive_attention, sdpa_attention
 
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 
@@ -110,7 +110,7 @@ def test_heads_that_do_not_group_are_refused():
         naive_attention(q, k, v)
 
 
-# ---- labutils.attention_cost: the formulas and measurements lesson 03 plots -------------------
+# ---- labutils.measure.attention_cost: the formulas and measurements lesson 03 plots -------------------
 
 def test_score_matrix_bytes_formula():
     assert ac.score_matrix_bytes(4096, 12, dtype=torch.float16) == 12 * 4096 * 4096 * 2 == 402_653_184
@@ -178,14 +178,14 @@ def test_sdpa_kernel_name_is_an_sdpa_op():
     assert "scaled_dot_product" in ac.sdpa_kernel_name(*ac.make_qkv(64, n_head=2, head_dim=16))
 
 
-# ---- labutils.kernels.tiled: online-softmax attention by hand ---------------------------------------
+# ---- labutils.model.kernels.tiled: online-softmax attention by hand ---------------------------------------
 
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from labutils.kernels import (attention_weights, causal_tile_counts, model_attention_weights,  # noqa: E402
-                              skipped_tile_fraction, tile_is_masked, tiled_attention)
+from labutils.model.kernels import (attention_weights, causal_tile_counts, model_attention_weights,
+                                    skipped_tile_fraction, tile_is_masked, tiled_attention)
 
 
 @settings(max_examples=60)
@@ -273,7 +273,7 @@ def test_attention_weights_are_causal_rows_that_sum_to_one():
 
 def test_model_attention_weights_rederive_the_layer():
     """Weights from the hook equal those computed by hand from the layer's input, and reproduce its output."""
-    from labutils.model import GPT, GPTConfig
+    from labutils.model.gpt import GPT, GPTConfig
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=50, context_length=16, n_layer=2, n_head=4, n_embd=16, n_kv_head=2)).eval()
     ids = [3, 1, 4, 1, 5, 9, 2]

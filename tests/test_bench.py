@@ -112,7 +112,7 @@ def test_the_vllm_row_skips_with_a_reason_where_it_cannot_run(monkeypatch):
 
 
 def test_the_vllm_row_workload_is_seeded_and_fits_the_context():
-    from labutils.model import GPTConfig
+    from labutils.model.gpt import GPTConfig
 
     cfg = GPTConfig.preset("gpt2-small")
     a, b = bench.vllm_row_workload(cfg), bench.vllm_row_workload(cfg)
@@ -129,7 +129,7 @@ def test_speculative_rows_report_alpha_and_best_k_and_assert_identical_tokens(mo
         assert row.target == ">= 1.3" and row.status in ("PASS", "FAIL") and row.ratio > 0
         assert "alpha" in row.detail and "best k=" in row.detail and "identical tokens" in row.setup
     # A speculative loop that emits other tokens than greedy decoding must make the row an error.
-    import labutils.speculative as spec
+    import labutils.decode.speculative as spec
     real = spec.speculative_generate
 
     def off_by_one(*args, **kwargs):
@@ -144,7 +144,7 @@ def test_speculative_rows_report_alpha_and_best_k_and_assert_identical_tokens(mo
 
 
 def test_a_row_run_on_a_busy_machine_says_so(monkeypatch, capsys):
-    from labutils import quiet
+    from labutils.perf import quiet
     from test_quiet import fake_counters
     fake_counters(monkeypatch, others_per_reading=150)          # others hold 1.5 of 2 cores throughout
     monkeypatch.setattr(bench, "ROWS", [lambda s: bench.BenchRow("made up", 2.0, ">= 1", "made up", "made up")])

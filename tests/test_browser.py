@@ -311,7 +311,7 @@ def label_cuts(page, scope: str) -> list[str]:
 
 
 def test_lesson01_token_viewer_shows_the_ids_of_what_is_typed(lab):
-    from labutils.tokenizer import encode, get_encoding
+    from labutils.text.tokenizer import encode, get_encoding
     viewer = ".jp-OutputArea-output:has(.token-counts)"
     typed = "Prefill reads the prompt; decode writes 東京の天気 🙂 one token at a time."
     with lesson_page(lab, "01_tokenization.ipynb") as page:

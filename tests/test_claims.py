@@ -4,8 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from labutils import quiet
-from labutils.claims import FAILS, HOLDS, NOT_HERE, claim
+from labutils.perf import quiet
+from labutils.measure.claims import FAILS, HOLDS, NOT_HERE, claim
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,7 @@
 """The stdlib-docstring corpus: present offline, deterministic, split cleanly."""
 import pytest
 
-from labutils import corpus
+from labutils.text import corpus
 
 
 def test_corpus_is_english_prose_of_the_expected_size():

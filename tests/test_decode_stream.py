@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from labutils.fastgen import fast_generate
-from labutils.model import load_pretrained
-from labutils.tokenizer import get_encoding
+from labutils.decode.fastgen import fast_generate
+from labutils.model.checkpoints import load_pretrained
+from labutils.text.tokenizer import get_encoding
 from labutils.widgets import DecodeStream, decode_stream
 
 

@@ -4,8 +4,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labutils.detokenize import StreamDecoder, stream_decode
-from labutils.tokenizer import ENCODING_NAMES, encode, get_encoding
+from labutils.text.detokenize import StreamDecoder, stream_decode
+from labutils.text.tokenizer import ENCODING_NAMES, encode, get_encoding
 
 REPLACEMENT = "\ufffd"
 # Valid Unicode (no surrogates) without U+FFFD itself, weighted towards multi-byte characters.

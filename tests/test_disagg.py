@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from labutils.generate import generate
+from labutils.decode.loop import generate
 from labutils.serving import disagg
 from labutils.serving.engine import Engine
 from labutils.serving.workload import SLO, make_workload

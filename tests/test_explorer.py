@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from labutils import measure
-from labutils import request_figures as rf
-from labutils.peaks import Peaks
+from labutils.measure import request as measure
+from labutils.figures import request as rf
+from labutils.perf.peaks import Peaks
 from labutils.widgets import explorer
 
 # The package exports the function `explorer`, which shadows the module of the same name.
@@ -290,7 +290,7 @@ def test_a_burst_of_changes_is_measured_once_with_the_last_settings():
 
 def test_several_settings_are_measured_in_turn_and_give_measure_requests_rows(monkeypatch):
     """measure_requests interleaves its settings round by round (A B A B), so drifting load hits both alike."""
-    import labutils.measure as m
+    import labutils.measure.request as m
     calls = []
     real = m.generate
     monkeypatch.setattr(m, "generate", lambda model, ids, n, **kw: calls.append((ids.shape[1], n)) or real(model, ids, n, **kw))

@@ -1,4 +1,4 @@
-"""The GPU paths, traced on a CPU-only torch under fake CUDA (labutils.fake_cuda): devices and dtypes, no values.
+"""The GPU paths, traced on a CPU-only torch under fake CUDA (labutils.core.fake_cuda): devices and dtypes, no values.
 
 Each path runs with every weight a fake bf16 or fp16 tensor on cuda:0. A CPU tensor meeting a CUDA one raises
 FakeTensorDeviceMismatchError, as the GPU would; `sixteen_bit` fails a path where a module's floating input or output
@@ -12,8 +12,8 @@ import contextlib
 import pytest
 import torch
 
-from labutils import fake_cuda
-from labutils.model import GPT, GPTConfig
+from labutils.core import fake_cuda
+from labutils.model.gpt import GPT, GPTConfig
 
 DTYPES = [torch.bfloat16, torch.float16]
 SHAPES = {"gpt2": dict(), "llama": dict(n_kv_head=1, norm="rmsnorm", rope=True, gated_mlp=True)}
@@ -61,8 +61,8 @@ def traced(name: str, dtype) -> None:
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_prefill_decode_step_and_generate(dtype, shape):
-    from labutils.generate import decode_step, generate, prefill
-    from labutils.kvcache import KVCache
+    from labutils.decode.loop import decode_step, generate, prefill
+    from labutils.decode.kvcache import KVCache
     with fake_cuda.fake_cuda():
         m = fake_model(dtype, shape)
         ids = torch.zeros(2, 5, dtype=torch.long, device="cuda")
@@ -79,7 +79,7 @@ def test_prefill_decode_step_and_generate(dtype, shape):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("cache", ["static", "growing"])
 def test_the_fast_loop_eager_step_and_prefill(dtype, cache):
-    from labutils.fastgen import FastDecoder, fast_generate
+    from labutils.decode.fastgen import FastDecoder, fast_generate
     with fake_cuda.fake_cuda():
         m = fake_model(dtype)
         ids = torch.zeros(1, 5, dtype=torch.long, device="cuda")
@@ -116,8 +116,8 @@ def test_an_engine_step_through_the_paged_cache(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_the_speculative_draft_and_verify_pass(dtype):
-    from labutils.kvcache import KVCache
-    from labutils.speculative import propose, verify
+    from labutils.decode.kvcache import KVCache
+    from labutils.decode.speculative import propose, verify
     with fake_cuda.fake_cuda():
         target, draft = fake_model(dtype), fake_model(dtype, seed=1)
         t_cache = KVCache(target.config, 1, 16, device="cuda", dtype=dtype)
@@ -137,8 +137,8 @@ def test_the_speculative_draft_and_verify_pass(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_an_int8_model_on_the_cuda_kernel_path(dtype):
-    from labutils import quant
-    from labutils.kvcache import KVCache
+    from labutils.decode import quant
+    from labutils.decode.kvcache import KVCache
     with fake_cuda.fake_cuda():
         m = quant.quantize_(fake_model(dtype))
         path = quant.int8_path(torch.device("cuda"), 32)
@@ -153,8 +153,8 @@ def test_an_int8_model_on_the_cuda_kernel_path(dtype):
 
 def test_a_host_tensor_planted_in_a_decode_step_fails(monkeypatch):
     from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
-    from labutils.fastgen import FastDecoder
-    from labutils.static_cache import StaticKVCache
+    from labutils.decode.fastgen import FastDecoder
+    from labutils.decode.static_cache import StaticKVCache
     real = StaticKVCache.begin
 
     def planted(self, n_new):                  # the bug: positions built on the host, as torch.arange(n) is
@@ -170,14 +170,14 @@ def test_a_host_tensor_planted_in_a_decode_step_fails(monkeypatch):
 
 def test_a_mask_built_on_the_host_fails(monkeypatch):
     from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
-    from labutils.generate import prefill
-    from labutils.kvcache import KVCache
-    from labutils.kernels import attention as real
+    from labutils.decode.loop import prefill
+    from labutils.decode.kvcache import KVCache
+    from labutils.model.kernels import attention as real
 
     def planted(q, k, v, *args, **kwargs):    # the bug: a causal mask made without device=
         mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
         return real(q, k, v, *args, **kwargs) * mask[None, None, :, :1]
-    import labutils.model as model_mod
+    import labutils.model.gpt as model_mod
     monkeypatch.setattr(model_mod, "attention", planted)          # what the model's attention layers call
     with fake_cuda.fake_cuda():
         m = fake_model(torch.bfloat16)
@@ -187,9 +187,9 @@ def test_a_mask_built_on_the_host_fails(monkeypatch):
 
 
 def test_a_promotion_to_fp32_fails(monkeypatch):
-    from labutils.generate import prefill
-    from labutils.kvcache import KVCache
-    import labutils.model as model_mod
+    from labutils.decode.loop import prefill
+    from labutils.decode.kvcache import KVCache
+    import labutils.model.gpt as model_mod
     real = model_mod.MLP.forward
     monkeypatch.setattr(model_mod.MLP, "forward", lambda self, x: real(self, x).float())   # the bug: .float()
     with fake_cuda.fake_cuda():
@@ -201,7 +201,7 @@ def test_a_promotion_to_fp32_fails(monkeypatch):
 
 
 def test_outside_the_harness_cuda_is_still_refused():
-    from labutils.validate import DeviceUnavailableError, check_device
+    from labutils.core.validate import DeviceUnavailableError, check_device
     if torch.cuda.is_available():
         pytest.skip("this machine has a real GPU")
     with pytest.raises(DeviceUnavailableError, match="sees no CUDA GPU"):

@@ -6,12 +6,13 @@ import pytest
 import torch
 import torch._dynamo
 
-from labutils import fastgen
-from labutils.fastgen import STAGES, FastDecoder, FastGenerationResult, check_graph_ready, fast_generate, pick_token
-from labutils.generate import GenerationResult, generate, sampling_probs
-from labutils.kvcache import KVCache
-from labutils.model import GPT, GPTConfig
-from labutils.static_cache import StaticKVCache
+from labutils.decode import fastgen
+from labutils.decode.fastgen import (STAGES, FastDecoder, FastGenerationResult, check_graph_ready, fast_generate,
+                                     pick_token)
+from labutils.decode.loop import GenerationResult, generate, sampling_probs
+from labutils.decode.kvcache import KVCache
+from labutils.model.gpt import GPT, GPTConfig
+from labutils.decode.static_cache import StaticKVCache
 
 from test_generate import CTX, VOCAB, count_forwards, make_model, prompt
 

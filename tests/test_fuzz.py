@@ -26,13 +26,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import labutils
-from labutils import generate as gen
-from labutils import fastgen, hardware, measure, roofline, timing, tokenizer
-from labutils.dtypes import BYTES
-from labutils.peaks import Peaks
-from labutils.kvcache import KVCache
-from labutils.model import GPT, GPTConfig
-from labutils.presets import PRESETS
+from labutils.decode import loop as gen
+from labutils.decode import fastgen
+from labutils.core import devices
+from labutils.perf import probes, roofline, timing
+from labutils.measure import request as measure
+from labutils.text import tokenizer
+from labutils.core.dtypes import BYTES
+from labutils.perf.peaks import Peaks
+from labutils.decode.kvcache import KVCache
+from labutils.model.gpt import GPT, GPTConfig
+from labutils.model.presets import PRESETS
 from labutils.widgets.kv_calculator import CACHE_DTYPES, KVCalculator
 from labutils.widgets.quiz import validate_questions
 from labutils.widgets.token_viewer import TokenViewer
@@ -56,7 +60,7 @@ def outcome(what: str, call, names, invariant=None):
         warnings.simplefilter("ignore")              # warnings (MBU > 1, NaN weights) are allowed answers
         try:
             result = call()
-        except (ValueError, TypeError, hardware.MeasurementError) as err:
+        except (ValueError, TypeError, probes.MeasurementError) as err:
             where = traceback.extract_tb(err.__traceback__)[-1].filename
             assert str(Path(where).resolve()).startswith(PACKAGE), (
                 f"{type(err).__name__} raised outside labutils ({where}): {err}")
@@ -85,7 +89,7 @@ bad_numbers = st.one_of(st.floats(max_value=0), st.sampled_from([math.nan, math.
 bad_dtypes = st.one_of(st.sampled_from(["fp4", "float32", "FP32", "", torch.int64, torch.complex64]), junk)
 bad_presets = st.one_of(st.sampled_from(["gpt5", "", "TINY"]), st.integers(), junk)
 bad_devices = st.one_of(st.sampled_from(["gpu", "tpu", "", "cuda:7", "cuda" if not torch.cuda.is_available() else "tpu",
-                                         "mps" if not hardware.device_available("mps") else "tpu"]), junk)
+                                         "mps" if not devices.device_available("mps") else "tpu"]), junk)
 np_ints = st.integers(1, 8).map(np.int64)
 # Text that includes what st.text() leaves out: surrogate halves, NUL, special-token text.
 chars = st.one_of(st.characters(), st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF),
@@ -414,16 +418,16 @@ def test_hardware(fn, data):
               "measure_bandwidth": ["device", "nbytes"], "measure_matmul_flops": ["dtype", "device", "n"]}[fn]
     a, spoilt = data.draw(spoiled({k: valid[k] for k in wanted}, {k: bad[k] for k in wanted}))
     if fn == "pick_device":
-        call, invariant = lambda: hardware.pick_device(a["device"]), lambda d: isinstance(d, torch.device)
+        call, invariant = lambda: devices.pick_device(a["device"]), lambda d: isinstance(d, torch.device)
     elif fn == "describe_device":
-        call, invariant = lambda: hardware.describe_device(a["device"]), lambda s: isinstance(s, str) and s
+        call, invariant = lambda: devices.describe_device(a["device"]), lambda s: isinstance(s, str) and s
     elif fn == "ridge_point":
-        call, invariant = lambda: hardware.ridge_point(a["flops"], a["bandwidth_Bps"]), _finite_nonnegative
+        call, invariant = lambda: roofline.ridge_point(a["flops"], a["bandwidth_Bps"]), _finite_nonnegative
     elif fn == "measure_bandwidth":
-        call, invariant = (lambda: hardware.measure_bandwidth(a["device"], nbytes=a["nbytes"], repeats=1, warmup=0),
+        call, invariant = (lambda: probes.measure_bandwidth(a["device"], nbytes=a["nbytes"], repeats=1, warmup=0),
                            _finite_nonnegative)
     else:
-        call, invariant = (lambda: hardware.measure_matmul_flops(a["dtype"], a["device"], n=a["n"], repeats=1,
+        call, invariant = (lambda: probes.measure_matmul_flops(a["dtype"], a["device"], n=a["n"], repeats=1,
                                                                  warmup=0), _finite_nonnegative)
     outcome(f"hardware.{fn}", call, named(spoilt, wanted, {"dtype": ["float dtype"], "nbytes": ["nbytes="],
                                                            "n": ["n="]}), invariant)

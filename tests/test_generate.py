@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from labutils.generate import GenerationResult, decode_step, generate, prefill
-from labutils.kvcache import KVCache
-from labutils.model import GPT, GPTConfig
+from labutils.decode.loop import GenerationResult, decode_step, generate, prefill
+from labutils.decode.kvcache import KVCache
+from labutils.model.gpt import GPT, GPTConfig
 
 VOCAB, CTX, N_NEW = 97, 96, 64
 
@@ -324,9 +324,9 @@ def test_llama_style_model_cached_tokens_equal_recompute_tokens(batch):
 def test_llama_style_model_gives_the_same_tokens_on_every_decode_path():
     # RoPE reads positions from three kinds of cache: the static one (fastgen), the growing one, and the
     # paged batch, whose rows sit at different positions. Each must give generate()'s greedy tokens.
-    from labutils.fastgen import fast_generate
+    from labutils.decode.fastgen import fast_generate
     from labutils.serving.engine import Engine
-    from labutils.speculative import speculative_generate
+    from labutils.decode.speculative import speculative_generate
     cfg = dataclasses.replace(make_model(2, gated=True).config, norm="rmsnorm", rope=True)
     torch.manual_seed(0)
     llama = GPT(cfg).double().eval()

@@ -4,10 +4,11 @@ import time
 import pytest
 import torch
 
-from labutils import measure, timing
-from labutils.generate import generate
-from labutils.peaks import measured_peaks
-from labutils.model import GPT, GPTConfig
+from labutils.measure import request as measure
+from labutils.perf import timing
+from labutils.decode.loop import generate
+from labutils.perf.peaks import measured_peaks
+from labutils.model.gpt import GPT, GPTConfig
 
 pytestmark = pytest.mark.gpu
 CFG = GPTConfig(vocab_size=1024, context_length=256, n_layer=4, n_head=8, n_embd=256, n_kv_head=2)

@@ -4,9 +4,11 @@ import math
 import pytest
 import torch
 
-from labutils import hardware as hw
-from labutils.hardware import (SPECS, MeasurementError, describe_device, match_spec, measure_bandwidth,
-                               measure_matmul_flops, pick_device, ridge_point)
+from labutils.perf import probes as hw
+from labutils.perf.datasheets import SPECS, match_spec
+from labutils.perf.probes import MeasurementError, measure_bandwidth, measure_matmul_flops
+from labutils.core.devices import describe_device, pick_device
+from labutils.perf.roofline import ridge_point
 
 
 def _no_accelerators(monkeypatch):
@@ -210,7 +212,7 @@ def test_cache_label_names_level_size_and_the_vm_caveat(monkeypatch):
 
 
 def test_bandwidth_figure_puts_the_cache_label_in_log_units():
-    from labutils.hardware_figures import bandwidth_figure
+    from labutils.figures.hardware import bandwidth_figure
     sizes = [2 ** k for k in range(16, 29, 2)]                       # 64 KiB ... 256 MiB
     fig = bandwidth_figure(sizes, [1e10] * len(sizes), cache_bytes=260 * hw.MiB, cache_text="LLC")
     (note,), (line,) = fig.layout.annotations, fig.layout.shapes
@@ -225,7 +227,7 @@ def test_bandwidth_figure_puts_the_cache_label_in_log_units():
 
 
 def test_datasheet_figure_one_legend_entry_for_the_machine_and_no_silent_gaps():
-    from labutils.hardware_figures import NO_FIGURE_TEXT, datasheet_figure, legend_names
+    from labutils.figures.hardware import NO_FIGURE_TEXT, datasheet_figure, legend_names
     fig = datasheet_figure(20e9, 100e9, "float32")
     names = legend_names(fig)
     assert sum("this machine" in n for n in names) == 1 and len(names) == len(set(names))
@@ -239,8 +241,8 @@ def test_datasheet_figure_one_legend_entry_for_the_machine_and_no_silent_gaps():
 
 
 def test_rooflines_figure_uses_the_one_formula_and_log_units_for_labels():
-    from labutils import roofline
-    from labutils.hardware_figures import rooflines_figure
+    from labutils.perf import roofline
+    from labutils.figures.hardware import rooflines_figure
     fig = rooflines_figure([("A", 100e12, 1e12)], marks=[(1.0, "decode"), (961.0, "prefill")],
                            intensities=[1, 100, 1e4])
     assert list(fig.data[0].y) == [roofline.attainable_flops(i, 100e12, 1e12) / 1e12 for i in (1, 100, 1e4)]
@@ -253,7 +255,7 @@ def test_rooflines_figure_uses_the_one_formula_and_log_units_for_labels():
 def test_device_cache_reads_a_gpus_l2(monkeypatch):
     # No GPU in CI: fake the device and its properties; the sweep then plans past 4x that L2.
     cuda = torch.device("cuda", 0)
-    monkeypatch.setattr(hw, "_resolve", lambda device=None: cuda)
+    monkeypatch.setattr(hw, "resolve_device", lambda device=None: cuda)
     props = type("Props", (), {"L2_cache_size": 50 << 20})()
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
     assert hw.device_cache("cuda") == ("L2", 50 << 20)

@@ -5,8 +5,8 @@ import struct
 import pytest
 import torch
 
-from labutils.model import load_hf_gpt2
-from labutils.safe_load import read_safetensors
+from labutils.model.checkpoints import load_hf_gpt2
+from labutils.model.safe_load import read_safetensors
 
 VOCAB, CTX = 97, 40
 
@@ -129,7 +129,7 @@ def test_logits_match_transformers(hf_model, saved, layout, record_property):
 
 def test_loaded_model_generates_like_transformers_with_a_cache(hf_model, saved):
     """Chunked prefill + decode through our KV cache gives HF's full-sequence logits."""
-    from labutils.kvcache import KVCache
+    from labutils.decode.kvcache import KVCache
 
     model = load_hf_gpt2(saved / "safetensors")
     ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(2))
@@ -197,7 +197,7 @@ def test_missing_files_say_what_is_needed(tmp_path):
 def _perturbed_gpt(**overrides):
     """A random GPT whose biases and LayerNorms are not at their init values, so a dropped or
     swapped tensor, or a square matrix left untransposed, changes the logits."""
-    from labutils.model import GPT, GPTConfig
+    from labutils.model.gpt import GPT, GPTConfig
 
     torch.manual_seed(3)
     model = GPT(GPTConfig(**{"vocab_size": VOCAB, "context_length": CTX, "n_layer": 2, "n_head": 4, "n_embd": 64,
@@ -210,7 +210,7 @@ def _perturbed_gpt(**overrides):
 
 @pytest.mark.parametrize("tie", [True, False])
 def test_save_then_load_gives_identical_logits(tmp_path, tie):
-    from labutils.model import save_hf_gpt2
+    from labutils.model.checkpoints import save_hf_gpt2
 
     model = _perturbed_gpt(tie_weights=tie)
     assert save_hf_gpt2(model, tmp_path / "m") == tmp_path / "m"
@@ -227,7 +227,7 @@ def test_save_then_load_gives_identical_logits(tmp_path, tie):
 
 def test_saved_model_loads_in_transformers_with_the_same_logits(tmp_path):
     transformers = pytest.importorskip("transformers")
-    from labutils.model import save_hf_gpt2
+    from labutils.model.checkpoints import save_hf_gpt2
 
     model = _perturbed_gpt()
     save_hf_gpt2(model, tmp_path)
@@ -240,7 +240,7 @@ def test_saved_model_loads_in_transformers_with_the_same_logits(tmp_path):
 
 
 def test_the_trained_tiny_model_round_trips(tmp_path):
-    from labutils.model import load_pretrained, save_hf_gpt2
+    from labutils.model.checkpoints import load_pretrained, save_hf_gpt2
 
     model, enc = load_pretrained()
     save_hf_gpt2(model, tmp_path)
@@ -250,8 +250,8 @@ def test_the_trained_tiny_model_round_trips(tmp_path):
 
 
 def test_save_refuses_what_gpt2_cannot_express(tmp_path):
-    from labutils import quant
-    from labutils.model import save_hf_gpt2
+    from labutils.decode import quant
+    from labutils.model.checkpoints import save_hf_gpt2
 
     for overrides, key in [({"n_kv_head": 2}, "n_kv_head"), ({"gated_mlp": True, "bias": False}, "gated_mlp"),
                            ({"bias": False}, "bias")]:

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from labutils.roofline import kv_cache_bytes
+from labutils.perf.roofline import kv_cache_bytes
 from labutils.serving import interference
-from labutils.serving.figures import budget_figure, itl_figure
+from labutils.figures.serving import budget_figure, itl_figure
 from labutils.serving.workload import make_workload
 
 from test_generate import CTX, VOCAB, make_model
@@ -36,7 +36,7 @@ def test_the_sweep_serves_every_budget_and_whole_prompts():
 
 
 def test_a_handoff_costs_the_prompts_kv_bytes_over_the_link():
-    from labutils.presets import get_shape
+    from labutils.model.presets import get_shape
     llama = get_shape("llama-3-8b")
     assert interference.handoff_s(llama, 4096, 50e9) == kv_cache_bytes(llama, 4096, 1, torch.bfloat16) / 50e9
     assert interference.handoff_s(llama, 4096, 50e9) == pytest.approx(0.010737, rel=1e-3)   # 128 KiB/token in bf16

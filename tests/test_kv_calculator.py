@@ -1,10 +1,10 @@
 """KV-cache calculator: kv_summary numbers, and the widget driven headlessly."""
 import pytest
 
-from labutils.roofline import kv_cache_bytes, weight_bytes
-from labutils.presets import PRESETS
+from labutils.perf.roofline import kv_cache_bytes, weight_bytes
+from labutils.model.presets import PRESETS
 from labutils.widgets import KVCalculator, kv_calculator, kv_summary
-from labutils.widgets.kv_calculator import GB, cache_curve
+from labutils.figures.kv import GB, cache_curve
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))

@@ -2,12 +2,12 @@
 import pytest
 import torch
 
-from labutils.generate import decode_step, prefill
-from labutils.kv_figures import DECODED, EMPTY, PROMPT, cache_vs_context_figure, clear, fill_figure, fill_map
-from labutils.kvcache import KVCache
-from labutils.model import GPT, GPTConfig
-from labutils.presets import get_shape
-from labutils.roofline import weight_bytes, kv_cache_bytes
+from labutils.decode.loop import decode_step, prefill
+from labutils.figures.kv import DECODED, EMPTY, PROMPT, cache_vs_context_figure, clear, fill_figure, fill_map
+from labutils.decode.kvcache import KVCache
+from labutils.model.gpt import GPT, GPTConfig
+from labutils.model.presets import get_shape
+from labutils.perf.roofline import weight_bytes, kv_cache_bytes
 
 CFG = GPTConfig(vocab_size=64, context_length=32, n_layer=2, n_head=4, n_embd=16, n_kv_head=2)
 

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from labutils.kv_timing import check_positions, step_cost_ms
-from labutils.model import GPT, GPTConfig
+from labutils.measure.kv_timing import check_positions, step_cost_ms
+from labutils.model.gpt import GPT, GPTConfig
 
 CFG = GPTConfig(vocab_size=64, context_length=32, n_layer=1, n_head=2, n_embd=16)
 

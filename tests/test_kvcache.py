@@ -4,12 +4,13 @@ import dataclasses
 import pytest
 import torch
 
-from labutils.dtypes import dtype_bytes
-from labutils.kvcache import KVCache
-from labutils.roofline import (counts, decode_bytes, flops_per_token, kv_bytes_per_token, kv_cache_bytes, kv_positions,
-                               prefill_flops, sliding_window, tokens_where_cache_exceeds_weights, weight_bytes)
-from labutils.model import GPTConfig
-from labutils.presets import PRESETS, get_shape
+from labutils.core.dtypes import dtype_bytes
+from labutils.decode.kvcache import KVCache
+from labutils.perf.roofline import (counts, decode_bytes, flops_per_token, kv_bytes_per_token, kv_cache_bytes,
+                                    kv_positions, prefill_flops, sliding_window,
+                                    tokens_where_cache_exceeds_weights, weight_bytes)
+from labutils.model.gpt import GPTConfig
+from labutils.model.presets import PRESETS, get_shape
 
 # Written out independently of labutils, so a wrong table there cannot agree with itself.
 BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1,

@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from labutils import roofline
-from labutils.hardware import measure_linear_sweep
+from labutils.perf import roofline
+from labutils.perf.probes import measure_linear_sweep
 
 
 def test_linear_counts_by_hand():

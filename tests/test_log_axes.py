@@ -4,7 +4,7 @@ import math
 import pytest
 from hypothesis import given, strategies as st
 
-from labutils.log_axes import MAX_TICKS, log_axis, log_ticks, tick_label
+from labutils.figures.log_axes import MAX_TICKS, log_axis, log_ticks, tick_label
 
 
 def test_powers_of_two_cover_token_counts():
@@ -48,7 +48,7 @@ def test_bad_ends_are_refused(args, match):
 def test_tidy_log_axes_ticks_every_log_axis_from_its_own_traces():
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
-    from labutils.log_axes import tidy_log_axes
+    from labutils.figures.log_axes import tidy_log_axes
     fig = make_subplots(rows=1, cols=2)
     fig.add_scatter(x=[128, 256, 4096], y=[0.2, 3, 40], row=1, col=1)
     fig.add_scatter(x=[128, 4096], y=[1e6, 5e8], row=1, col=2)

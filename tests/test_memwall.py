@@ -3,10 +3,11 @@ import math
 
 import pytest
 
-from labutils import measure, roofline
-from labutils import roofline_figures as figs
-from labutils.peaks import Peaks
-from labutils.model import GPTConfig
+from labutils.measure import request as measure
+from labutils.perf import roofline
+from labutils.figures import roofline as figs
+from labutils.perf.peaks import Peaks
+from labutils.model.gpt import GPTConfig
 from labutils.widgets import BatchRoofline
 
 PEAKS = Peaks(bandwidth_Bps=20e9, flops=200e9, device_name="test CPU")     # ridge 10 FLOP/byte
@@ -56,7 +57,7 @@ def test_predicted_decode_grows_with_batch_then_flattens_past_the_knee():
 def test_a_long_cache_pulls_the_knee_in_and_keeps_decode_memory_bound():
     # An A100 in fp16 with gpt2-small: each sequence's cache of 4,096 positions takes longer to read than its
     # FLOPs take to compute, so throughput flattens at bandwidth / cache bytes long before the ridge.
-    from labutils.hardware import SPECS
+    from labutils.perf.datasheets import SPECS
     a100 = SPECS["A100 80GB SXM"]
     cfg = GPTConfig.preset("gpt2-small", context_length=8192)
     knees = [roofline.knee_batch(cfg, pos, "fp16", bandwidth_Bps=a100.bandwidth_Bps, peak_flops=a100.flops_16)

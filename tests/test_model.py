@@ -6,9 +6,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labutils.kvcache import KVCache
-from labutils.model import GPT, GPTConfig, load_checkpoint, save_checkpoint
-from labutils.presets import PRESETS
+from labutils.decode.kvcache import KVCache
+from labutils.model.gpt import GPT, GPTConfig
+from labutils.model.checkpoints import load_checkpoint, save_checkpoint
+from labutils.model.presets import PRESETS
 
 SMALL = GPTConfig(vocab_size=50, context_length=24, n_layer=2, n_head=4, n_embd=32)
 
@@ -203,7 +204,7 @@ def test_load_checkpoint_names_what_is_missing(tmp_path):
 
 # ---- the Llama-style block: RMSNorm, RoPE (SwiGLU is gated_mlp) -------------------------------------
 
-from labutils.model import RMSNorm, rope  # noqa: E402
+from labutils.model.gpt import RMSNorm, rope  # noqa: E402
 
 
 def test_rmsnorm_matches_torch_and_has_one_weight_per_channel():
@@ -308,7 +309,7 @@ def test_bad_norm_and_odd_rope_head_dim_are_refused(tmp_path):
         GPTConfig(n_embd=12, n_head=4, rope=True)
     with pytest.raises(TypeError, match="GPTConfig.rope must be True or False"):
         GPTConfig(n_embd=32, n_head=4, rope="yes")
-    from labutils.model import save_hf_gpt2
+    from labutils.model.checkpoints import save_hf_gpt2
     with pytest.raises(ValueError, match="rope=True has no GPT-2 equivalent"):
         save_hf_gpt2(GPT(dataclasses.replace(SMALL, rope=True)), tmp_path)
 

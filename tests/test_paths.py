@@ -1,13 +1,13 @@
-"""labutils.paths: the one data/ lookup, and the build backend that refuses a plain `pip install .`."""
+"""labutils.core.paths: the one data/ lookup, and the build backend that refuses a plain `pip install .`."""
 import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 
-from labutils import paths
-from labutils.model import DATA_DIR
-from labutils.tokenizer import DATA_DIR as TOKENIZER_DIR
+from labutils.core import paths
+from labutils.model.checkpoints import DATA_DIR
+from labutils.text.tokenizer import DATA_DIR as TOKENIZER_DIR
 from labutils.widgets.quiz import QUIZ_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,7 +25,7 @@ def test_no_module_builds_its_own_data_path():
     """Every read of data/ goes through paths.data_dir, so the missing-folder message is the same everywhere."""
     offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "labutils").rglob("*.py")
                  if p.name != "paths.py" and re.search(PATH_BUILT, p.read_text())]
-    assert offenders == [], f"these modules spell out data/ themselves; use labutils.paths.data_dir: {offenders}"
+    assert offenders == [], f"these modules spell out data/ themselves; use labutils.core.paths.data_dir: {offenders}"
 
 
 def test_a_missing_data_folder_says_to_install_from_the_clone(monkeypatch, tmp_path):

@@ -5,8 +5,8 @@ import time
 import pytest
 import torch
 
-from labutils import peaks as pk
-from labutils import quiet
+from labutils.perf import peaks as pk
+from labutils.perf import quiet
 
 
 @pytest.fixture

@@ -50,7 +50,7 @@ def test_only_a_figure_is_accepted():
 @pytest.mark.parametrize("make", ["kv", "explorer", "batch", "dashboard"])
 def test_every_widget_shows_what_its_figure_holds(make, monkeypatch):
     """No widget may keep a figure the page never receives: each redraws after its updates."""
-    from labutils.peaks import Peaks
+    from labutils.perf.peaks import Peaks
     from labutils.widgets import ServingDashboard, batch_roofline, explorer, kv_calculator
     peaks = Peaks(10e12, 100e12, "test CPU")
     if make == "kv":
@@ -61,7 +61,7 @@ def test_every_widget_shows_what_its_figure_holds(make, monkeypatch):
         import importlib
         mod = importlib.import_module("labutils.widgets.explorer")
         monkeypatch.setattr(mod, "measured_peaks", lambda *a, **k: peaks)
-        from labutils import measure
+        from labutils.measure import request as measure
         monkeypatch.setattr(measure, "measured_peaks", lambda *a, **k: peaks)
         view = explorer("cpu", preset="tiny", prompt_len=16, new_tokens=4)
         view.new_tokens.value = 6

@@ -4,10 +4,10 @@ import copy
 import pytest
 import torch
 
-from labutils.generate import generate
-from labutils.model import GPT, GPTConfig
-from labutils.prepack import PackedLinear, prepack_linears, prepack_unavailable
-from labutils.speculative import speculative_generate
+from labutils.decode.loop import generate
+from labutils.model.gpt import GPT, GPTConfig
+from labutils.decode.prepack import PackedLinear, prepack_linears, prepack_unavailable
+from labutils.decode.speculative import speculative_generate
 
 pytestmark = pytest.mark.skipif(prepack_unavailable(torch.nn.Linear(2, 2)) is not None,
                                 reason="no oneDNN in this PyTorch build")

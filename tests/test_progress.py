@@ -2,7 +2,7 @@
 
 import pytest
 
-from labutils import progress as pm
+from labutils.core import progress_bar as pm
 
 def test_outside_a_notebook_nothing_is_shown_and_items_pass_through():
     assert list(pm.progress(range(5), desc="x")) == [0, 1, 2, 3, 4]

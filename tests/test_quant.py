@@ -7,10 +7,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from labutils import quant, roofline
-from labutils.generate import generate
-from labutils.model import GPT, GPTConfig, load_pretrained
-from labutils.quant import Int8Embedding, Int8Linear, dequantize, int8_path, quantize_, quantize_per_channel
+from labutils.decode import quant
+from labutils.perf import roofline
+from labutils.decode.loop import generate
+from labutils.model.gpt import GPT, GPTConfig
+from labutils.model.checkpoints import load_pretrained
+from labutils.decode.quant import Int8Embedding, Int8Linear, dequantize, int8_path, quantize_, quantize_per_channel
 
 SMALL = GPTConfig(vocab_size=96, context_length=32, n_layer=2, n_head=2, n_embd=32)
 
@@ -233,7 +235,7 @@ def test_int8_paths_times_every_path_side_by_side():
 
 @pytest.fixture(scope="module")
 def heldout():
-    from labutils.train import course_tokens
+    from labutils.text.dataset import course_tokens
     return course_tokens()[1]
 
 
@@ -289,13 +291,13 @@ def test_the_tied_lookup_follows_the_model_to_another_dtype():
 def test_int8_batched_and_speculative_tokens_equal_solo_generate():
     # A kernel chosen per call by row count gave a batch of 16 (a GEMM) other rounding than one row (the GEMV):
     # 4 of 16 engine requests, and 2 of 8 speculative prompts, differed from their solo run on the int8 tiny model.
-    from labutils.generate import generate
-    from labutils.model import load_pretrained
+    from labutils.decode.loop import generate
+    from labutils.model.checkpoints import load_pretrained
     from labutils.serving.engine import Engine
-    from labutils.speculative import speculative_generate
+    from labutils.decode.speculative import speculative_generate
     model, enc = load_pretrained()
     model = quantize_(model)
-    from labutils.corpus import text_samples
+    from labutils.text.corpus import text_samples
     words = " ".join(text_samples().values()).split()
     prompts = [enc.encode(" ".join(words[i * 5:i * 5 + 4])) for i in range(16)]
     engine = Engine(model, max_batch_size=16)

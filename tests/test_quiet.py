@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from labutils import quiet, timing
-from labutils.claims import claim
+from labutils.perf import quiet, timing
+from labutils.measure.claims import claim
 
 
 def fake_counters(monkeypatch, others_per_reading: int, own_per_reading: int = 0, cores: int = 2):

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from labutils import gpu_table
-from labutils.hardware import SPECS
+from labutils.perf.datasheets import SPECS
 from notebook_links import NOTEBOOKS, ROOT, link_problem, notebook_links, section_cells
 from test_stored_outputs import CLAIM_CALL
 
@@ -44,7 +44,7 @@ def section_shows(name: str, fragment: str | None, kind: str) -> bool:
 def row_problems(row: str) -> list[str]:
     """Why one claim-table row fails: a missing link or heading, or a section that does not show the claim.
 
-    A row is `claim | where | shown as | note`. "measured": some linked section calls labutils.claims.claim on its
+    A row is `claim | where | shown as | note`. "measured": some linked section calls labutils.measure.claims.claim on its
     own measurement; "computed": some linked section computes it in a code cell; "not shown": no lesson shows it,
     and the note says why.
     """

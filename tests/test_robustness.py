@@ -8,14 +8,15 @@ import pytest
 import tiktoken
 import torch
 
-from labutils import measure, roofline, timing
-from labutils.generate import decode_step, generate, prefill, sample, sampling_probs
-from labutils.hardware import pick_device
-from labutils.peaks import Peaks
-from labutils.kvcache import KVCache
-from labutils.model import GPT, GPTConfig
-from labutils.tokenizer import encode, get_encoding, train_bpe
-from labutils.validate import DeviceUnavailableError, check_count
+from labutils.measure import request as measure
+from labutils.perf import roofline, timing
+from labutils.decode.loop import decode_step, generate, prefill, sample, sampling_probs
+from labutils.core.devices import pick_device
+from labutils.perf.peaks import Peaks
+from labutils.decode.kvcache import KVCache
+from labutils.model.gpt import GPT, GPTConfig
+from labutils.text.tokenizer import encode, get_encoding, train_bpe
+from labutils.core.validate import DeviceUnavailableError, check_count
 from labutils.widgets.kv_calculator import KVCalculator, kv_summary
 from limits import time_limit
 
@@ -112,12 +113,12 @@ def test_nan_weights_fail_generation_once_per_request(model):
 
 
 def _nan_fast(m):
-    from labutils.fastgen import fast_generate
+    from labutils.decode.fastgen import fast_generate
     return fast_generate(m, [1, 2, 3], 4)
 
 
 def _nan_speculative(m):
-    from labutils.speculative import PROMPT_LOOKUP, speculative_generate
+    from labutils.decode.speculative import PROMPT_LOOKUP, speculative_generate
     return speculative_generate(m, PROMPT_LOOKUP, [1, 2, 3, 1, 2], 4, k=2)
 
 
@@ -357,11 +358,11 @@ def test_batch_roofline_refuses_a_row_missing_a_key():
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: __import__("labutils.speculative", fromlist=["x"]).expected_speedup(0.8, 4, 0.1, verify_cost=True),
+    (lambda: __import__("labutils.decode.speculative", fromlist=["x"]).expected_speedup(0.8, 4, 0.1, verify_cost=True),
      "verify_cost must be a number, got bool True"),
-    (lambda: __import__("labutils.speculative", fromlist=["x"]).expected_speedup(0.8, 4, -0.1), "cost_ratio"),
-    (lambda: __import__("labutils.speculative", fromlist=["x"]).lookup_proposals([1, 2, 1, 2], -1), "k must be >= 0"),
-    (lambda: __import__("labutils.speculative", fromlist=["x"]).lookup_proposals([1, 2, 1, 2], 2, ngram=0),
+    (lambda: __import__("labutils.decode.speculative", fromlist=["x"]).expected_speedup(0.8, 4, -0.1), "cost_ratio"),
+    (lambda: __import__("labutils.decode.speculative", fromlist=["x"]).lookup_proposals([1, 2, 1, 2], -1), "k must be >= 0"),
+    (lambda: __import__("labutils.decode.speculative", fromlist=["x"]).lookup_proposals([1, 2, 1, 2], 2, ngram=0),
      "ngram must be >= 1"),
 ])
 def test_silently_accepted_arguments_are_refused(call, match):
@@ -403,7 +404,7 @@ def test_the_train_command_refuses_bad_numbers_before_training(argv, match, caps
 ])
 def test_a_gpt_this_machine_cannot_build_is_refused_before_allocating(cfg, match):
     """GPT(GPTConfig(n_layer=10**6)) ran without end; vocab_size=10**12 reached the allocator."""
-    from labutils.validate import DoesNotFitError
+    from labutils.core.validate import DoesNotFitError
     with pytest.raises((ValueError, DoesNotFitError), match=match):
         GPT(GPTConfig(**cfg))
 
@@ -416,12 +417,12 @@ def test_gpt_refuses_a_preset_name_in_place_of_a_config():
 # --- raw errors from wrong types (issue 20 §4): parsed at the boundary, with the way out ------------------------
 
 def _small():
-    from labutils.model import GPT, GPTConfig
+    from labutils.model.gpt import GPT, GPTConfig
     return GPT(GPTConfig(vocab_size=64, context_length=32, n_layer=1, n_head=2, n_embd=16))
 
 
 def test_a_cache_of_the_model_itself_says_to_pass_its_config():
-    from labutils.kvcache import KVCache
+    from labutils.decode.kvcache import KVCache
     with pytest.raises(TypeError, match=r"KVCache\(model.config, batch_size, max_len\), got a model: pass its .config"):
         KVCache(_small())
     with pytest.raises(TypeError, match="got str"):
@@ -429,19 +430,19 @@ def test_a_cache_of_the_model_itself_says_to_pass_its_config():
 
 
 def test_prefill_with_something_that_is_not_a_cache():
-    from labutils.generate import prefill
+    from labutils.decode.loop import prefill
     with pytest.raises(TypeError, match="cache must be a KVCache"):
         prefill(_small(), torch.tensor([[1, 2]]), "cache")
 
 
 def test_save_checkpoint_with_its_arguments_swapped(tmp_path):
-    from labutils.model import save_checkpoint
+    from labutils.model.checkpoints import save_checkpoint
     with pytest.raises(TypeError, match="takes the GPT first, got str"):
         save_checkpoint(str(tmp_path), _small())
 
 
 def test_load_hf_gpt2_parses_its_device_and_dtype(tmp_path):
-    from labutils.model import load_hf_gpt2, save_hf_gpt2
+    from labutils.model.checkpoints import load_hf_gpt2, save_hf_gpt2
     save_hf_gpt2(_small(), tmp_path)
     assert load_hf_gpt2(tmp_path, dtype="fp16").lm_head.weight.dtype == torch.float16     # a name works too
     with pytest.raises(ValueError, match="unknown device 'tpu'"):
@@ -454,7 +455,7 @@ def test_load_hf_gpt2_parses_its_device_and_dtype(tmp_path):
 
 
 def test_a_broken_split_pattern_is_refused_by_name():
-    from labutils.tokenizer import train_bpe
+    from labutils.text.tokenizer import train_bpe
     with pytest.raises(ValueError, match=r"pat_str is not a regular expression .*missing \)"):
         train_bpe("hello world " * 20, 300, pat_str="(")
 

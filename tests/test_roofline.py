@@ -5,10 +5,10 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from labutils import roofline as rl
-from labutils.kvcache import KVCache
-from labutils.model import GPT, GPTConfig
-from labutils.presets import ModelShape, get_shape
+from labutils.perf import roofline as rl
+from labutils.decode.kvcache import KVCache
+from labutils.model.gpt import GPT, GPTConfig
+from labutils.model.presets import ModelShape, get_shape
 
 # A toy shape small enough to count by hand: 1,000 params, 2 layers, n_embd 8, 1 KV head of dim 4 (GQA).
 # Tables: 10 x 8 token rows + 16 x 8 position rows = 208; the tied output layer is the 80-weight token table;

@@ -8,8 +8,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from labutils.model import GPT, GPTConfig, load_checkpoint, load_hf_gpt2, save_checkpoint
-from labutils.safe_load import read_json, read_safetensors, read_weights, torch_load
+from labutils.model.gpt import GPT, GPTConfig
+from labutils.model.checkpoints import load_checkpoint, load_hf_gpt2, save_checkpoint
+from labutils.model.safe_load import read_json, read_safetensors, read_weights, torch_load
 
 CFG = dict(model_type="gpt2", vocab_size=11, n_positions=8, n_layer=1, n_head=2, n_embd=4)
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from labutils.generate import generate, sample, sampling_probs
+from labutils.decode.loop import generate, sample, sampling_probs
 
 from test_generate import make_model, prompt
 

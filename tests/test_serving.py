@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labutils.generate import generate
+from labutils.decode.loop import generate
 from labutils.serving import blocks as blocks_mod
 from labutils.serving import engine as engine_mod
 from labutils.serving.engine import Engine, run_workload
@@ -454,7 +454,7 @@ def test_gpu_engine_gives_the_solo_tokens():
 
 
 def test_gantt_bars_split_each_stay_into_prefill_and_decode():
-    from labutils.serving.figures import gantt_bars, gantt_figure
+    from labutils.figures.serving import gantt_bars, gantt_figure
     from labutils.serving.workload import RequestResult
     # Arrives at 0.1, joins at 0.3, first token at 0.5, preempted at 0.9, rejoins at 1.2, tokens to 1.6.
     r = RequestResult(id=7, arrival_s=0.1, tokens=[1, 2, 3, 4], timestamps=[0.5, 0.7, 1.4, 1.6],

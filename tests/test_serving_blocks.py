@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from labutils.kernels import attention, paged_attention
+from labutils.model.kernels import attention, paged_attention
 from labutils.serving import blocks as blocks_mod
 from labutils.serving.blocks import BlockManager, block_hash
 

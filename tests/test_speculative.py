@@ -7,10 +7,10 @@ import torch
 from hypothesis import given, settings, strategies as st
 from test_generate import count_forwards, make_model, prompt
 
-from labutils.generate import generate, sampling_probs
-from labutils.model import GPT, GPTConfig
-from labutils.speculative import (PROMPT_LOOKUP, accept, accept_greedy, expected_speedup, expected_tokens_per_step,
-                                  lookup_proposals, speculative_generate)
+from labutils.decode.loop import generate, sampling_probs
+from labutils.model.gpt import GPT, GPTConfig
+from labutils.decode.speculative import (PROMPT_LOOKUP, accept, accept_greedy, expected_speedup,
+                                         expected_tokens_per_step, lookup_proposals, speculative_generate)
 
 N_NEW = 40
 

@@ -4,10 +4,11 @@ import time
 import pytest
 import torch
 
-from labutils import roofline, stages
-from labutils.fastgen import STAGES
-from labutils.generate import generate
-from labutils.stages import LADDER, Request, StageRun, op_group, profile_ops, time_ladder, time_requests
+from labutils.perf import roofline
+from labutils.measure import stages
+from labutils.decode.fastgen import STAGES
+from labutils.decode.loop import generate
+from labutils.measure.stages import LADDER, Request, StageRun, op_group, profile_ops, time_ladder, time_requests
 
 from test_generate import VOCAB, make_model, prompt
 

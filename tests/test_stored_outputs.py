@@ -3,9 +3,9 @@
 This reads the committed notebooks and times nothing. nbval re-executes the lessons and ignores their timings
 (they change every run); this test checks what a learner reads before running anything: the outputs stored
 beside the prose.
-- A claim printed "[does not hold here]" (labutils.claims) means the sentence next to it is contradicted.
-- A "busy machine:" line (labutils.quiet) means the stored timings came from a loaded machine.
-- Every "peaks of ..." line (labutils.peaks.Peaks.line) must show the same numbers for a device and dtype,
+- A claim printed "[does not hold here]" (labutils.measure.claims) means the sentence next to it is contradicted.
+- A "busy machine:" line (labutils.perf.quiet) means the stored timings came from a loaded machine.
+- Every "peaks of ..." line (labutils.perf.peaks.Peaks.line) must show the same numbers for a device and dtype,
   and the same copy bandwidth for every dtype: MBU and MFU divide by one set of ceilings.
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from labutils.claims import FAILS, VERDICTS
-from labutils.quiet import MARKER
+from labutils.measure.claims import FAILS, VERDICTS
+from labutils.perf.quiet import MARKER
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 PEAKS = re.compile(r"^peaks of (?P<device>.+), (?P<dtype>\w+): copy (?P<copy>[\d.,]+ [GT]B/s), "
@@ -100,7 +100,7 @@ def test_stored_claims_hold_and_no_busy_machine(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_every_lesson_checks_a_claim(path):
     counts = claim_counts(load(path))
-    assert counts["[holds]"] >= 1, f"{path.name} states no claim about its own measurements (labutils.claims.claim)"
+    assert counts["[holds]"] >= 1, f"{path.name} states no claim about its own measurements (labutils.measure.claims.claim)"
 
 
 def test_one_set_of_peaks_in_every_lesson():

@@ -4,8 +4,8 @@ import math
 import pytest
 from hypothesis import given, strategies as st
 
-from labutils import timing
-from labutils.timing import Timing, itl_s, synchronize, time_fn, tpot_s, ttft_s
+from labutils.perf import timing
+from labutils.perf.timing import Timing, itl_s, synchronize, time_fn, tpot_s, ttft_s
 
 
 def test_metrics_on_a_known_request():

@@ -1,7 +1,7 @@
 """The token viewer: render_tokens as a plain function, and the widget driven headlessly."""
 import re
 
-from labutils.tokenizer import get_encoding
+from labutils.text.tokenizer import get_encoding
 from labutils.widgets import token_viewer
 from labutils.widgets.token_viewer import MAX_TOKENS_SHOWN, render_tokens, token_label
 
@@ -56,7 +56,7 @@ def test_widget_updates_on_every_keystroke():
 
 
 def test_widget_accepts_an_encoding_object():
-    from labutils.tokenizer import train_bpe
+    from labutils.text.tokenizer import train_bpe
     enc = train_bpe("aaaa bbbb aaaa", 260, name="mini")
     viewer = token_viewer(enc, text="aaaa")
     assert viewer.picker.value == "mini"

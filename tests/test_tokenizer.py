@@ -8,7 +8,7 @@ import tiktoken
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labutils import tokenizer as tk
+from labutils.text import tokenizer as tk
 
 SAMPLE = (
     "The cache stores keys and values. The cache grows by one entry per token, and the cache "
@@ -213,7 +213,7 @@ def test_load_rejects_tampered_file(tmp_path, small_enc):
 
 def test_committed_course_encoding_is_what_training_gives():
     """The committed merges come from train_bpe on the corpus (slow-ish: ~10 s on a laptop)."""
-    from labutils.corpus import load_corpus, split_corpus
+    from labutils.text.corpus import load_corpus, split_corpus
     enc = tk.train_bpe(split_corpus(load_corpus())[0], 4096, name="course")
     committed = tk.get_encoding("course")
     if enc._mergeable_ranks == committed._mergeable_ranks:

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from labutils import train as tr
-from labutils.corpus import load_docstrings
-from labutils.model import DATA_DIR, GPT, GPTConfig, load_pretrained
+from labutils.text.corpus import load_docstrings
+from labutils.model.checkpoints import DATA_DIR, load_pretrained
+from labutils.model.gpt import GPT, GPTConfig
 
 SMALL = GPTConfig(vocab_size=64, context_length=32, n_layer=1, n_head=2, n_embd=32)
 MB = 1024 * 1024
@@ -149,7 +150,7 @@ def test_distillation_moves_the_student_toward_the_teacher():
 
 def test_teacher_continuations_are_windows_then_the_teachers_own_tokens():
     """Rows start with a window of the corpus; the greedy batch continues it exactly as generate() does."""
-    from labutils.generate import generate
+    from labutils.decode.loop import generate
     tokens = pattern()
     torch.manual_seed(0)
     teacher, other = GPT(SMALL), GPT(SMALL)

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from labutils import bench
-from labutils.model import load_pretrained, save_hf_gpt2
+from labutils.model.checkpoints import load_pretrained, save_hf_gpt2
 from labutils.serving.openai_client import OpenAIClient, Request
 from labutils.serving.vllm_server import ENABLE_HINT, VLLM_VENV, VLLMServer, vllm_python
 

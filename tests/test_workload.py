@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from labutils import timing
+from labutils.perf import timing
 from labutils.serving.workload import SLO, RequestResult, Stats, make_workload, summarize
 
 

@@ -1,2 +1,6 @@
-"""Serving: many requests at once, on the course's own engine (continuous batching over a paged KV cache with
-prefix caching) or on a real server through its OpenAI API; workloads and their metrics."""
+"""Many requests at once: the course's engine (token budget, paged KV cache, prefix caching), workloads and their
+metrics, a real server through its OpenAI API. May import: core, text, model, perf, decode."""
+from labutils.serving.blocks import BlockManager
+from labutils.serving.engine import Engine, serve
+from labutils.serving.openai_client import OpenAIClient
+from labutils.serving.workload import SLO, make_workload, summarize

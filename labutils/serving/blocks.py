@@ -6,7 +6,7 @@ from array import array
 from collections import Counter, OrderedDict, defaultdict, deque
 from dataclasses import dataclass
 
-from ..validate import check_count, check_flag
+from labutils.core.validate import check_count, check_flag
 
 
 def block_hash(parent: bytes | None, tokens: tuple[int, ...]) -> bytes:

@@ -16,10 +16,10 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-from ..roofline import kv_cache_bytes
-from ..validate import check_count, check_positive, model_dtype
-from .engine import Engine
-from .workload import SLO, RequestResult, Summary, Workload, summarize
+from labutils.perf.roofline import kv_cache_bytes
+from labutils.core.validate import check_count, check_positive, model_dtype
+from labutils.serving.engine import Engine
+from labutils.serving.workload import SLO, RequestResult, Summary, Workload, summarize
 
 
 class StepClock:

@@ -6,16 +6,18 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import fake_cuda, quiet
-from ..progress import Steps
-from ..generate import check_logits, check_sampling, sample
-from ..roofline import kv_bytes_per_token
-from ..validate import check_choice, check_count, check_flag, check_number, check_seed, model_device, model_dtype
-from .blocks import BlockManager
-from .paged_cache import PagedKVCache, Row
-from .scheduler import MODES, Scheduler
-from .sequence import Sequence
-from .workload import MAX_ARRIVAL_S, RequestResult, Summary, Workload, summarize
+from labutils.core import fake_cuda
+from labutils.perf import quiet
+from labutils.core.progress_bar import Steps
+from labutils.decode.loop import check_logits, check_sampling, sample
+from labutils.perf.roofline import kv_bytes_per_token
+from labutils.core.validate import (check_choice, check_count, check_flag, check_number, check_seed, model_device,
+                                    model_dtype)
+from labutils.serving.blocks import BlockManager
+from labutils.serving.paged_cache import PagedKVCache, Row
+from labutils.serving.scheduler import MODES, Scheduler
+from labutils.serving.sequence import Sequence
+from labutils.serving.workload import MAX_ARRIVAL_S, RequestResult, Summary, Workload, summarize
 
 # vLLM's default token budget for an online server (its API server's max_num_batched_tokens with chunked prefill).
 DEFAULT_BATCHED_TOKENS = 2048

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..progress import Steps
-from ..roofline import kv_cache_bytes
-from ..validate import check_count, check_positive
-from .engine import Engine, serve
-from .workload import Request, RequestResult, Summary, Workload, summarize
+from labutils.core.progress_bar import Steps
+from labutils.perf.roofline import kv_cache_bytes
+from labutils.core.validate import check_count, check_positive
+from labutils.serving.engine import Engine, serve
+from labutils.serving.workload import Request, RequestResult, Summary, Workload, summarize
 
 
 @dataclass
@@ -140,9 +140,9 @@ def on_vllm(model, budgets=(64, 2048), *, n_streams: int = 8, stream_prompt: int
     import tempfile
     from pathlib import Path
 
-    from ..model import save_hf_gpt2
-    from .openai_client import OpenAIClient
-    from .vllm_server import VLLMServer
+    from labutils.model.checkpoints import save_hf_gpt2
+    from labutils.serving.openai_client import OpenAIClient
+    from labutils.serving.vllm_server import VLLMServer
 
     ctx, vocab = model.config.context_length, model.config.vocab_size
     shape = dict(n_streams=n_streams, stream_prompt=stream_prompt, stream_tokens=stream_tokens,

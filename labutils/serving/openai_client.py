@@ -3,7 +3,7 @@
 vLLM, SGLang, TGI and llama.cpp's server all speak `POST /v1/completions` with `"stream": true`, which
 sends one server-sent event (`data: {...}`) per generated token. The client sends token-id prompts,
 notes when each event reaches it on one monotonic clock, and reports TTFT, TPOT and ITL with the
-definitions in labutils.timing, counted from each request's arrival, so time spent queueing counts.
+definitions in labutils.perf.timing, counted from each request's arrival, so time spent queueing counts.
 Only the standard library is used: one thread per request in flight, bounded by max_concurrency.
 """
 from __future__ import annotations
@@ -16,9 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from .. import timing
-from ..validate import check_count, check_number, check_positive
-from .workload import MAX_ARRIVAL_S, Request   # one request type drives the course's engine and a server
+from labutils.perf import timing
+from labutils.core.validate import check_count, check_number, check_positive
+from labutils.serving.workload import MAX_ARRIVAL_S, Request   # one request type drives the course's engine and a server
 
 # vLLM's extensions to the OpenAI API: the ids of each streamed token (a server started with
 # --skip-tokenizer-init streams no text at all), and running to max_tokens, as the course's engine

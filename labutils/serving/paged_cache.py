@@ -5,11 +5,11 @@ from typing import NamedTuple
 
 import torch
 
-from .. import fake_cuda
-from ..kernels.attention import attention
-from ..kernels.paged import gather_blocks, paged_mask
-from ..roofline import kv_bytes_per_token
-from ..validate import check_count
+from labutils.core import fake_cuda
+from labutils.model.kernels.attention import attention
+from labutils.model.kernels.paged import gather_blocks, paged_mask
+from labutils.perf.roofline import kv_bytes_per_token
+from labutils.core.validate import check_count
 
 
 class PagedKVCache:
@@ -60,7 +60,7 @@ class PagedKVCache:
                     grown[:old.shape[0]] = old
                     pools[layer] = grown          # the old layer is freed here, before the next one grows
         except (MemoryError, RuntimeError) as err:
-            from ..hardware import is_oom
+            from labutils.core.devices import is_oom
             if not is_oom(err):
                 raise
             raise MemoryError(f"a paged KV cache of {new:,} blocks ({new * self.block_bytes / 2**20:,.0f} MiB) "

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from .blocks import BlockManager
-from .sequence import Sequence
+from labutils.serving.blocks import BlockManager
+from labutils.serving.sequence import Sequence
 
 MODES = ("continuous", "static")
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .workload import RequestResult
+from labutils.serving.workload import RequestResult
 
 
 @dataclass(eq=False)

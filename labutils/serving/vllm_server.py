@@ -14,9 +14,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from .. import quiet
-from ..validate import check_count
-from .openai_client import OpenAIClient
+from labutils.perf import quiet
+from labutils.core.validate import check_count
+from labutils.serving.openai_client import OpenAIClient
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VLLM_VENV = REPO_ROOT / ".venv-vllm"
@@ -57,7 +57,7 @@ class VLLMServer:
         self.model_dir = Path(model_dir)
         if not (self.model_dir / "config.json").exists():
             raise FileNotFoundError(f"{self.model_dir} has no config.json; write the model with "
-                                    "labutils.model.save_hf_gpt2(model, folder) first")
+                                    "labutils.model.checkpoints.save_hf_gpt2(model, folder) first")
         max_model_len = check_count("max_model_len", max_model_len, 1, hint="at most the model's context length")
         python = python or vllm_python()
         if python is None:

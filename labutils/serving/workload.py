@@ -4,7 +4,7 @@ One Workload drives the course's Engine (`engine.run_workload`) or a client of a
 each Request carries exactly what Engine.submit takes. Each driver returns RequestResults with
 token timestamps in seconds since the workload started; `summarize` turns them into TTFT, TPOT,
 ITL and end-to-end latency (mean, p50, p99), output tokens/s and goodput under an SLO. The
-per-request metrics are labutils.timing's, measured from each request's arrival.
+per-request metrics are labutils.perf.timing's, measured from each request's arrival.
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import timing
-from ..validate import check_count, check_number, check_positive, check_seed
+from labutils.perf import timing
+from labutils.core.validate import check_count, check_number, check_positive, check_seed
 
 COMPLETED = ("stop", "length")     # finish reasons of a request that produced its answer (OpenAI's names)
 MAX_REQUESTS, MAX_LENGTH = 100_000, 2 ** 20   # bounds that keep a typo from filling memory

@@ -5,14 +5,14 @@ import html
 
 import ipywidgets as w
 
-from .. import measure
-from .. import roofline_figures as figs
-from ..dtypes import torch_dtype
-from ..hardware import pick_device
-from ..peaks import measured_peaks
-from ..model import GPTConfig
-from ..validate import check_row
-from .plot import Plot
+from labutils.measure import request as measure
+from labutils.figures import roofline as figs
+from labutils.core.dtypes import torch_dtype
+from labutils.core.devices import pick_device
+from labutils.perf.peaks import measured_peaks
+from labutils.model.gpt import GPTConfig
+from labutils.core.validate import check_row
+from labutils.widgets.plot import Plot
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 # What the plots and the status line read from a measure.roofline_point row.
@@ -22,7 +22,7 @@ ROW_NUMBERS = ("n", "seconds", "intensity", "achieved_flops", "achieved_Bps", "t
 class BatchRoofline(w.VBox):
     """A batch slider, a status line and two Plots (the roofline and tokens/s against batch).
 
-    A thin view over measure.roofline_point and labutils.roofline_figures. Each batch is measured once
+    A thin view over measure.roofline_point and labutils.figures.roofline. Each batch is measured once
     and cached; errors go to the status line and the last good plots stay.
     """
 

@@ -8,8 +8,8 @@ import ipywidgets as w
 import tiktoken
 import torch
 
-from ..detokenize import StreamDecoder
-from ..validate import check_count, describe
+from labutils.text.detokenize import StreamDecoder
+from labutils.core.validate import check_count, describe
 
 
 # A box of fixed height whose content is laid out bottom-up (flex column-reverse): the browser keeps such a box
@@ -34,7 +34,7 @@ class DecodeStream(w.VBox):
 
     def __init__(self, enc: tiktoken.Encoding, prompt: str = "", row: int = 0):
         if not isinstance(enc, tiktoken.Encoding):
-            raise TypeError(f"enc must be a tiktoken.Encoding (labutils.tokenizer.get_encoding), got {type(enc).__name__}")
+            raise TypeError(f"enc must be a tiktoken.Encoding (labutils.text.tokenizer.get_encoding), got {type(enc).__name__}")
         self.enc, self.row = enc, check_count("row", row, 0)
         self.area = w.HTML(layout=w.Layout(width="100%"))
         self.status = w.HTML()

@@ -7,15 +7,16 @@ from contextlib import contextmanager
 import ipywidgets as w
 import torch
 
-from .. import measure, quiet
-from .. import request_figures as rf
-from ..dtypes import torch_dtype
-from ..hardware import pick_device
-from ..peaks import measured_peaks
-from ..model import GPTConfig
-from ..validate import check_row
-from .debounce import Latest
-from .plot import Plot
+from labutils.measure import request as measure
+from labutils.perf import quiet
+from labutils.figures import request as rf
+from labutils.core.dtypes import torch_dtype
+from labutils.core.devices import pick_device
+from labutils.perf.peaks import measured_peaks
+from labutils.model.gpt import GPTConfig
+from labutils.core.validate import check_row
+from labutils.widgets.debounce import Latest
+from labutils.widgets.plot import Plot
 
 MAX_PROMPT = 4096                 # longer prompts take minutes on a CPU; the slider stops here
 MAX_NEW = 256
@@ -30,7 +31,7 @@ class Explorer(w.VBox):
     """Controls, a status line with a progress bar, and three Plots.
 
     A thin view: measurement is `measure` (measure.measure_request by default), figures come from
-    labutils.request_figures. Results are cached by settings, so returning to a setting redraws
+    labutils.figures.request. Results are cached by settings, so returning to a setting redraws
     without measuring again. Errors go to the status line and the last good plots stay.
     """
 
@@ -39,7 +40,7 @@ class Explorer(w.VBox):
         device = str(pick_device(device) if device is None or isinstance(device, str) else device)
         self._measure = measure_fn
         self.results: dict[tuple, dict] = {}      # settings -> row
-        self.busy: dict[tuple, str] = {}          # settings -> labutils.quiet's warning, when others were busy
+        self.busy: dict[tuple, str] = {}          # settings -> labutils.perf.quiet's warning, when others were busy
         self.rows: list[dict] = []                # every measurement, for the sweep plot
         self.measurements = 0
         self._hold = False

@@ -6,14 +6,17 @@ import html
 import ipywidgets as w
 import plotly.graph_objects as go
 
-from ..roofline import (kv_bytes_per_token, kv_cache_bytes, kv_positions, sliding_window,
-                        tokens_where_cache_exceeds_weights, weight_bytes)
-from ..presets import PRESETS, ModelShape, get_shape
-from ..validate import check_count, check_dtype
-from .plot import Plot
+from labutils.perf.roofline import (kv_bytes_per_token, kv_cache_bytes, kv_positions, sliding_window,
+                                    tokens_where_cache_exceeds_weights, weight_bytes)
+from labutils.model.presets import PRESETS, get_shape
+from labutils.core.validate import check_count, check_dtype
+from labutils.widgets.plot import Plot
+from labutils.figures.kv import GB, cache_curve
+
 
 CACHE_DTYPES = ("fp16", "bf16", "fp8", "int8")
-GB = 1e9                  # decimal gigabytes, as GPU memory and the essay's "14 GB" are quoted
+
+
 MAX_CONTEXT = max(s.context_length for s in PRESETS.values())
 
 
@@ -65,20 +68,6 @@ def summary_text(s: dict) -> str:
     lines.append(f"At {s['context']:,} tokens, a batch of {s['batch_to_exceed']:,} makes the cache bigger "
                  "than the weights.")
     return " ".join(lines)
-
-
-def cache_curve(preset, batch: int = 1, dtype: str = "fp16", points: int = 129) -> tuple[list[int], list[float]]:
-    """Context lengths from 0 to the model's context and the cache GB at each: a straight line, flat past a
-    sliding window (the window itself is one of the points, so the bend is drawn where it is).
-
-    `preset` is a preset name or a ModelShape (a variant such as shape.with_kv_heads(1)).
-    """
-    shape = preset if isinstance(preset, ModelShape) else get_shape(preset)
-    batch, points = check_count("batch", batch, 1), check_count("points", points, 2)
-    xs = {round(i * shape.context_length / (points - 1)) for i in range(points)}
-    window = sliding_window(shape)
-    xs = sorted(xs | ({window} if window is not None and window < shape.context_length else set()))
-    return xs, [kv_cache_bytes(shape, x, batch, dtype) / GB for x in xs]
 
 
 class KVCalculator(w.VBox):
@@ -183,4 +172,4 @@ def kv_calculator(preset: str = "llama-2-7b", context: int = 4096, batch: int = 
     return KVCalculator(preset, context, batch, dtype)
 
 
-__all__ = ["KVCalculator", "cache_curve", "kv_calculator", "kv_summary", "summary_text"]
+__all__ = ['CACHE_DTYPES', 'KVCalculator', 'MAX_CONTEXT', 'kv_calculator', 'kv_summary', 'summary_text']

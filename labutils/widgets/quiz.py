@@ -9,7 +9,7 @@ from typing import Any, Iterable, Sequence
 
 import ipywidgets as w
 
-from ..paths import data_dir
+from labutils.core.paths import data_dir
 
 QUIZ_DIR = data_dir("quizzes")
 

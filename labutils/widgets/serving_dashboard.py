@@ -5,11 +5,11 @@ import html
 
 import ipywidgets as w
 
-from .. import quiet
-from ..serving.engine import DEFAULT_BATCHED_TOKENS, Served, serve
-from ..serving.figures import gantt_figure
-from ..serving.workload import Workload, make_workload
-from .plot import Plot
+from labutils.perf import quiet
+from labutils.serving.engine import DEFAULT_BATCHED_TOKENS, Served, serve
+from labutils.figures.serving import gantt_figure
+from labutils.serving.workload import Workload, make_workload
+from labutils.widgets.plot import Plot
 
 
 def dashboard_workload(context_length: int, vocab_size: int, *, n_requests: int, rate: float | None, prompt_len,

@@ -6,7 +6,7 @@ import html
 import ipywidgets as w
 import tiktoken
 
-from ..tokenizer import ENCODING_NAMES, encode, get_encoding
+from labutils.text.tokenizer import ENCODING_NAMES, encode, get_encoding
 
 PALETTE = ("#ffd6a5", "#caffbf", "#9bf6ff", "#bdb2ff", "#ffc6ff", "#fdffb6", "#a0c4ff", "#ffadad")
 MAX_TOKENS_SHOWN = 3000  # beyond this the browser, not the tokenizer, becomes the slow part

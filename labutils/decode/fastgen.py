@@ -1,0 +1,434 @@
+"""The fast decode loop: static shapes, no host sync per token, sampling on the device, CUDA graphs / torch.compile.
+
+Lesson 05's `generate()` is correct, and on a GPU it would measure overhead rather than the
+memory wall. This loop removes one overhead at a time, and each step is a named stage (STAGES)
+that lesson 08 times with this same code:
+
+1. Host syncs out ("sync-free"). generate() copies every token to the host and synchronizes, so
+   the CPU waits for the GPU and the GPU then idles while Python launches the next step. Here the
+   next token stays on the device and feeds the next step directly; it is also copied into a
+   pinned host buffer with non_blocking=True, which does not wait. Sampling draws its own noise
+   into a fixed buffer before each step and runs the exponential race, argmax(p / E) with
+   E ~ Exponential(1), which picks token i with probability p_i (torch.multinomial draws one
+   sample the same way; older PyTorch releases made it sync on CUDA, reading its check of the
+   probabilities back with .item()). A captured step then holds no random-number state.
+   Timestamps come from CUDA events, read once at the end.
+2. Static shapes ("static"). Lesson 06's KVCache returns a slice that grows each step and keeps
+   its position as a Python int: a new shape and a new constant every step. StaticKVCache writes
+   at a device-tensor position (index_copy_), attends over its whole buffer under a mask built
+   from that position, and feeds the same position to the position embedding.
+3. Graphs ("graph", "compile", CUDA). A decode step of a small model is tens of tiny kernels
+   (the course's 4-layer model: 17 matrix multiplies and some tens of other ops per step, as
+   lesson 08's profile counts); launching them from Python costs more than running them. A CUDA
+   graph records the step once and replays it with one launch, though each recorded kernel
+   still costs the GPU about 1-3 us. torch.compile(mode="reduce-overhead") does the same and
+   fuses kernels too. Capture and compile time are reported apart from TPOT (`setup_s`).
+   check_graph_ready tests, on any device, conditions a capture needs; it is a necessary check,
+   not a proof (see its docstring).
+
+GQA reads each KV head once (kernels.attention): no repeated K/V, so the bytes moved per step are
+roofline.decode_bytes. Greedy tokens equal generate()'s (tests/test_fastgen.py).
+"""
+from __future__ import annotations
+
+import itertools
+import time
+import types
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from labutils.core import fake_cuda
+from labutils.decode.loop import GenerationResult, check_logits, check_request, check_sampling, sampling_probs
+from labutils.decode.kvcache import KVCache
+from labutils.decode.static_cache import StaticKVCache
+from labutils.core.validate import check_seed
+
+MODES = ("auto", "eager", "graph", "compile")
+# Steps run before a capture or a compile (lazy init, workspaces; for reduce-overhead: compile, record, replay). Each
+# writes the next cache position from 0, so a cache of max_len positions allows at most max_len of them: a third step
+# into a 2-position cache wrote out of bounds, which on CUDA is a device-side assert that kills the context.
+WARMUP_STEPS = 3
+CACHES = ("static", "growing")
+# Lesson 08's ladder, after generate() itself: fast_generate(model, ids, n, **STAGES[name]).
+STAGES = {
+    "sync-free": dict(cache="growing", mode="eager"),
+    "static": dict(cache="static", mode="eager"),
+    "graph": dict(cache="static", mode="graph"),
+}
+
+
+@dataclass
+class FastGenerationResult(GenerationResult):
+    """A GenerationResult, plus how it was produced."""
+
+    mode: str = "eager"             # the step runner that actually ran: eager, graph or compile
+    setup_s: float = 0.0            # cache allocation + capture/compile, before the request's clock started
+    fallback: str | None = None     # why the requested mode did not run, or None
+    graph_bytes: int | None = None  # device memory the capture or compile kept (CUDA), None elsewhere
+
+
+def pick_token(logits: torch.Tensor, noise: torch.Tensor | None, temperature: float = 0.0,
+               top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
+    """logits [batch, vocab] -> token [batch], on the device and without a host sync.
+
+    Greedy is the argmax. Otherwise the exponential race: argmax(p / E) with E ~ Exponential(1)
+    drawn into `noise`, which picks token i with probability p_i (the smallest of E_i / p_i wins,
+    and E_i / p_i is exponential with rate p_i). p is generate.sampling_probs: one definition.
+    """
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    return (sampling_probs(logits, temperature, top_k, top_p) / noise).argmax(dim=-1)
+
+
+def decode_one(model, token: torch.Tensor, cache, noise: torch.Tensor | None = None, **sampling) -> torch.Tensor:
+    """One decode step, token [batch, 1] -> next token [batch]: no validation, no host read."""
+    logits = model(token, cache, check=False, last_only=True)[:, -1]
+    return pick_token(logits, noise, **sampling)
+
+
+def _check_choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"unknown {name} {value!r}; choose one of {list(choices)}")
+
+
+def _unavailable(mode: str, device: torch.device, cache: str) -> str | None:
+    """Why `mode` cannot run here (a fallback reason), or None."""
+    if mode in ("graph", "compile") and cache == "growing":
+        return (f"{mode} needs static shapes, and the growing cache changes shape every step; "
+                "running eager (use cache='static')")
+    if mode == "graph" and device.type != "cuda":
+        return f"CUDA graphs need an NVIDIA GPU and the model is on {device.type}; running eager"
+    return None
+
+
+_POOL = None
+
+
+def _graph_pool():
+    """One memory pool for every captured step, as vLLM and nano-vllm keep one: graphs of several batch sizes then
+    share their intermediate buffers instead of each holding its own."""
+    global _POOL
+    if _POOL is None:
+        _POOL = torch.cuda.graph_pool_handle()
+    return _POOL
+
+
+def _device_bytes(device: torch.device) -> int | None:
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" and not fake_cuda.active() else None
+
+
+class FastDecoder:
+    """One cache and one decode-step runner for requests of a fixed batch size, up to max_len positions.
+
+    Build it once and call generate() many times: the capture (or compile) is paid in __init__,
+    reported as `setup_s`, and reused by every request. `fast_generate` builds one per call.
+    """
+
+    @torch.inference_mode()
+    def __init__(self, model, batch_size: int = 1, max_len: int | None = None, *, mode: str = "auto",
+                 cache: str = "static", temperature: float = 0.0, top_k: int | None = None,
+                 top_p: float | None = None):
+        t0 = time.perf_counter()
+        _check_choice("mode", mode, MODES)
+        _check_choice("cache", cache, CACHES)
+        check_sampling(temperature, top_k, top_p)
+        self.model, self.graph_bytes = model, None
+        param = next(model.parameters())
+        self.device, cfg = param.device, model.config
+        max_len = cfg.context_length if max_len is None else max_len
+        make = StaticKVCache if cache == "static" else KVCache
+        self.cache = make(cfg, batch_size, max_len, device=self.device, dtype=param.dtype)
+        self.batch_size, self.max_len, self.cache_kind = batch_size, max_len, cache
+        self.sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+        # The step's inputs live in fixed buffers: a captured graph reads them at fixed addresses.
+        self.token = torch.zeros(batch_size, 1, dtype=torch.long, device=self.device)
+        self.noise = (torch.ones(batch_size, cfg.vocab_size, device=self.device) if temperature > 0 else None)
+
+        if mode == "auto":
+            # CUDA: the graph. Elsewhere eager: no CUDA graphs, and inductor's compile takes longer
+            # on a CPU than a lesson's time budget allows (time it with mode="compile").
+            mode = "graph" if self.device.type == "cuda" and cache == "static" else "eager"
+        self.fallback = _unavailable(mode, self.device, cache)
+        self.mode = "eager" if self.fallback else mode
+        self._run: Callable[[], None] = self.step
+        before = _device_bytes(self.device)
+        if self.mode == "graph":
+            self._try(self._capture_graph, "CUDA graph capture")
+        elif self.mode == "compile":
+            self._try(self._compile, "torch.compile")
+        if before is not None and self.mode != "eager":
+            self.graph_bytes = _device_bytes(self.device) - before
+        if self.fallback:
+            warnings.warn(f"fast decode: {self.fallback}", RuntimeWarning, stacklevel=3)
+        self._reset()
+        self.setup_s = time.perf_counter() - t0
+
+    # -- the step and its runners ----------------------------------------------------------------
+
+    def step(self) -> None:
+        """One eager decode step in place: reads self.token, writes the cache, leaves the next token in self.token."""
+        nxt = decode_one(self.model, self.token, self.cache, self.noise, **self.sampling)
+        self.token.copy_(nxt[:, None])
+
+    def _try(self, build: Callable[[], Callable[[], None]], what: str) -> None:
+        try:
+            self._run = build()
+        except Exception as err:   # any failure to capture/compile: keep going, eager, and say why
+            first = (str(err).strip().splitlines() or [""])[0][:200]
+            self.fallback = f"{what} failed ({type(err).__name__}: {first}); running eager"
+            self.mode, self._run = "eager", self.step
+            self._reset()
+
+    def _capture_graph(self) -> Callable[[], None]:
+        """Record one decode step into a torch.cuda.CUDAGraph; replay() then launches all of it at once."""
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            self._warm_up(self.step)      # off the capture: lazy init, workspace allocation
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        self._reset()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=_graph_pool()):
+            self.step()                   # recorded, not run: the cache and position stay untouched
+        self._graph = graph               # keep the graph (and its memory pool) alive
+        return graph.replay
+
+    def _compile(self) -> Callable[[], None]:
+        """torch.compile the step; on CUDA, "reduce-overhead" also replays it as a CUDA graph."""
+        c = self.cache                    # a StaticKVCache: _unavailable() refuses compile with a growing one
+        for t in (c.k, c.v, c.pos, c._key_pos, self.token, *([self.noise] if self.noise is not None else [])):
+            torch._dynamo.mark_static_address(t)   # fixed buffers: no copy into the graph's inputs per call
+        compiled = torch.compile(fresh_function(self.step, "fast_decoder_step"), mode="reduce-overhead",
+                                 fullgraph=True, dynamic=False)
+        self._warm_up(compiled)           # compile, record, replay once: all before the request starts
+        self._reset()
+        return compiled
+
+    def _warm_up(self, run: Callable[[], None]) -> None:
+        """WARMUP_STEPS calls of `run`, never more than the cache has positions (see WARMUP_STEPS)."""
+        for _ in range(min(WARMUP_STEPS, self.max_len)):
+            run()
+
+    def _reset(self) -> None:
+        self.cache.reset()
+        self.token.zero_()
+        self._used = False
+
+    # -- one request -------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def generate(self, ids, max_new_tokens: int, *, seed: int | None = None,
+                 on_token: Callable[[torch.Tensor], object] | None = None) -> FastGenerationResult:
+        """Prefill, then decode; same result as generate.generate (tokens [batch, new] on the CPU, host timestamps).
+
+        `on_token(tokens)` receives each step's tokens [batch] on the CPU as soon as they are there,
+        for streaming text. On CUDA it runs as the events say the copies landed, never blocking a step.
+        """
+        ids = check_request(self.model, ids, max_new_tokens, **self.sampling)
+        B, T, n = ids.shape[0], ids.shape[1], int(max_new_tokens)
+        if B > self.batch_size:
+            raise ValueError(f"a batch of {B} prompts does not fit this decoder's batch_size={self.batch_size}; "
+                             "build a FastDecoder for that batch size (or use decoder_for)")
+        if B < self.batch_size:           # a smaller batch rides in the bucket: pad with copies of the first prompt
+            padded = torch.cat([ids, ids[:1].expand(self.batch_size - B, -1)])
+            inner = None if on_token is None else (lambda tokens: on_token(tokens[:B]))
+            result = self.generate(padded, max_new_tokens, seed=seed, on_token=inner)
+            result.tokens = result.tokens[:B]
+            return result
+        if T + n > self.max_len:
+            raise ValueError(f"prompt ({T}) + max_new_tokens ({n}) = {T + n} positions do not fit the cache's "
+                             f"max_len={self.max_len}; build a FastDecoder with a larger max_len or ask for fewer")
+        seed = None if seed is None else check_seed(seed)
+        if on_token is not None and not callable(on_token):
+            raise TypeError(f"on_token must be a function of one [batch] tensor, got {type(on_token).__name__}")
+        if self._used:
+            self._reset()                 # zeroing the cache belongs to setup, not to this request's clock
+        self._used = True
+        cuda = self.device.type == "cuda"
+        gen = None
+        if seed is not None and self.noise is not None:
+            gen = fake_cuda.generator(self.device, seed)
+        host = torch.empty((n, B), dtype=torch.long, pin_memory=fake_cuda.pin_memory(cuda))   # row i: step i's
+        if cuda:
+            start, events = fake_cuda.event(), [fake_cuda.event() for _ in range(n)]
+            fake_cuda.synchronize(self.device)    # the GPU starts idle, so its clock and the host's agree
+
+        t0 = time.perf_counter()
+        stamps: list[float] = []
+        if cuda:
+            start.record()                        # the request's start on the device clock
+            offset = time.perf_counter() - t0
+        pending: list[int] = []
+
+        def land(i: int) -> None:
+            """Step i's tokens are in self.token: copy them out without waiting, stamp them."""
+            host[i].copy_(self.token[:, 0], non_blocking=cuda)
+            if not cuda:                          # CPU ops are synchronous: the host clock is honest
+                stamps.append(time.perf_counter() - t0)
+                if on_token is not None:
+                    on_token(host[i])
+                return
+            events[i].record()
+            if on_token is not None:
+                pending.append(i)
+                while pending and events[pending[0]].query():   # query() asks; it does not wait
+                    on_token(host[pending.pop(0)])
+
+        def draw() -> None:
+            if self.noise is not None:
+                self.noise.exponential_(generator=gen).clamp_min_(1e-30)   # E = 0 would divide by zero
+
+        logits = self.model(ids, self.cache, check=False, last_only=True)[:, -1]   # prefill, eager
+        check_logits(logits)          # once per request: NaN weights would otherwise give token 0 forever
+        draw()
+        self.token.copy_(pick_token(logits, self.noise, **self.sampling)[:, None])
+        land(0)
+        for i in range(1, n):
+            draw()
+            self._run()
+            land(i)
+
+        if cuda:
+            for i in pending:
+                events[i].synchronize()
+                on_token(host[i])
+            events[n - 1].synchronize()
+            stamps = [offset + start.elapsed_time(events[i]) / 1e3 for i in range(n)]
+        tokens = host.t().contiguous()
+        return FastGenerationResult(tokens, stamps, T, mode=self.mode, setup_s=self.setup_s,
+                                    fallback=self.fallback, graph_bytes=self.graph_bytes)
+
+
+@torch.no_grad()
+def column_major_weights(model):
+    """Store every nn.Linear weight (and a tied embedding) transposed in memory; same shapes, same values.
+
+    A decode step multiplies one row of activations by each weight (a GEMV). CPU BLAS libraries
+    stream a weight stored [in, out] (column-major for its [out, in] shape) faster than the
+    row-major one nn.Linear allocates on some CPUs; Hugging Face's GPT-2 (Conv1D) stores its
+    blocks that way. Whether it wins here is measured, not assumed: the bench rows run with it
+    on CPU, and lesson 08 times both layouts. Returns the model, changed in place.
+    """
+    seen: dict[int, torch.nn.Parameter] = {}
+    for module in model.modules():
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            w = module.weight
+            if id(w) not in seen:      # a tied tensor is moved once and stays shared
+                seen[id(w)] = torch.nn.Parameter(w.t().contiguous().t(), requires_grad=w.requires_grad)
+            module.weight = seen[id(w)]
+    return model
+
+
+_FRESH = itertools.count()
+
+
+def fresh_function(fn: Callable[[], object], name: str) -> Callable[[], object]:
+    """A new function that calls fn(), with a code object of its own.
+
+    dynamo keeps compiled graphs per code object, guarded by what the frame reads. Every FastDecoder's step is the
+    same method, so compiling `decoder.step` for a second decoder guarded against the first one's tensors and
+    recompiled, and the ninth decoder hit the recompile limit and ran eager. A code object per compile keeps each
+    decoder's graph, and each check, apart.
+    """
+    def call():
+        return fn()
+    code = call.__code__.replace(co_name=f"{name}_{next(_FRESH)}")
+    return types.FunctionType(code, call.__globals__, code.co_name, None, call.__closure__)
+
+
+_HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__")
+
+
+def _eager_without_host_reads(gm, example_inputs):
+    """A dynamo backend that runs the traced graph as it is, after refusing any read back to the host."""
+    for node in gm.graph.nodes:
+        if node.op == "call_method" and node.target in _HOST_READS:
+            raise RuntimeError(f"the step reads a device value on the host ({node.target}() in {node.stack_trace or node.name}); "
+                               "a CUDA graph cannot replay that")
+    return gm.forward
+
+
+def check_graph_ready(step: Callable[[], object], steps: int = 4) -> None:
+    """Raise if `step()` is not one static graph, a condition for CUDA-graph capture; checked on any device.
+
+    dynamo traces the step (no compiler, about a second) with fullgraph=True, so a graph break
+    raises; a read of a device value on the host (.item(), a Python branch on a tensor) raises;
+    and error_on_recompile makes a shape or Python constant that changes between steps raise
+    too, as a growing cache slice or a Python-int position would. Run it on a prefilled decoder:
+    check_graph_ready(decoder.step). It leaves the step's effects (cache writes, tokens) in place.
+
+    Passing is necessary for capture, not a proof of it. The trace does not see memory allocated
+    outside the graph's private pool, a CPU tensor inside the step, or random-number generator
+    state that a replay would have to advance. The capture itself on a GPU, and
+    tests/test_fastgen.py comparing the graph path's tokens with eager's there, check the rest.
+    """
+    import torch._dynamo
+    # A function of its own, so no torch._dynamo.reset(): a reset would throw away every compiled decoder in the
+    # process (each later call of theirs then compiles again, or, past the recompile limit, silently runs eager).
+    traced = torch.compile(fresh_function(step, "check_graph_ready"), fullgraph=True, dynamic=False,
+                           backend=_eager_without_host_reads)
+    with torch.inference_mode(), torch._dynamo.config.patch(error_on_recompile=True):
+        for _ in range(steps):
+            traced()
+
+
+def fast_generate(model, ids, max_new_tokens: int, *, temperature: float = 0.0, top_k: int | None = None,
+                  top_p: float | None = None, seed: int | None = None, mode: str = "auto",
+                  cache: str = "static", on_token: Callable[[torch.Tensor], object] | None = None
+                  ) -> FastGenerationResult:
+    """generate() without the overheads: same arguments, same GenerationResult, same greedy tokens.
+
+    mode: "eager", "graph" (CUDA graph of one decode step), "compile" (torch.compile,
+    reduce-overhead) or "auto" (graph on CUDA, eager elsewhere). Where the mode cannot run, it
+    falls back to eager with a warning and says why in `result.fallback`. cache="growing" uses
+    lesson 06's KVCache (the "sync-free" stage). Setup (cache, capture, compile) is `result.setup_s`,
+    outside the timestamps. For many requests of one shape, build a FastDecoder once instead.
+    """
+    _check_choice("mode", mode, MODES)
+    _check_choice("cache", cache, CACHES)
+    ids = check_request(model, ids, max_new_tokens, temperature, top_k, top_p)   # before any allocation
+    B, need = ids.shape[0], ids.shape[1] + int(max_new_tokens)
+    device = next(model.parameters()).device
+    if mode == "auto":
+        mode = "graph" if device.type == "cuda" and cache == "static" else "eager"
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    if mode == "eager":                   # cheap to build: one per call, at exactly this shape
+        decoder = FastDecoder(model, B, need, mode=mode, cache=cache, **sampling)
+        return decoder.generate(ids, max_new_tokens, seed=seed, on_token=on_token)
+    # A captured or compiled decoder is costly to make: keep it, at bucketed shapes, for the next request.
+    return decoder_for(model, B, need, mode=mode, cache=cache, **sampling).generate(ids, max_new_tokens, seed=seed,
+                                                                                   on_token=on_token)
+
+
+MAX_DECODERS = 4          # captured decoders kept by decoder_for: each holds a cache (and a graph) in device memory
+_DECODERS: "dict[tuple, FastDecoder]" = {}
+
+
+def bucket(n: int, smallest: int = 1) -> int:
+    """The power of two at or above n (and at least `smallest`): the shapes graphs are captured at."""
+    return max(smallest, 1 << max(0, int(n) - 1).bit_length())
+
+
+def decoder_for(model, batch: int, max_len: int, *, mode: str, cache: str = "static", temperature: float = 0.0,
+                top_k: int | None = None, top_p: float | None = None) -> FastDecoder:
+    """A FastDecoder for at least `batch` sequences of `max_len` positions, from a small cache keyed by
+    (model, batch bucket, max_len bucket, dtype, mode, sampling): a shape seen before is never captured or
+    compiled again. Batches round up to 1, 2, 4, 8, ...; lengths to a power of two from 64, within the context."""
+    param = next(model.parameters())
+    length = min(bucket(max_len, 64), model.config.context_length)
+    key = (id(model), bucket(batch), length, param.dtype, param.device, mode, cache, temperature, top_k, top_p)
+    if key in _DECODERS:
+        _DECODERS[key] = _DECODERS.pop(key)          # most recently used last
+        return _DECODERS[key]
+    while len(_DECODERS) >= MAX_DECODERS:
+        _DECODERS.pop(next(iter(_DECODERS)))
+    _DECODERS[key] = FastDecoder(model, bucket(batch), length, mode=mode, cache=cache, temperature=temperature,
+                                 top_k=top_k, top_p=top_p)
+    return _DECODERS[key]
+
+
+__all__ = ["CACHES", "MODES", "STAGES", "FastDecoder", "FastGenerationResult", "bucket", "check_graph_ready",
+           "column_major_weights", "decode_one", "decoder_for", "fast_generate", "fresh_function", "pick_token"]

@@ -1,0 +1,272 @@
+"""Generation in two phases: prefill() fills the KV cache, decode_step() adds one token at a time."""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from labutils.core import fake_cuda
+from labutils.perf import timing
+from labutils.decode.kvcache import KVCache
+from labutils.core.validate import (check_cache, check_count, check_flag, check_number, check_probability,
+                                    check_seed, check_temperature, describe, model_device, model_dtype)
+
+
+def check_sampling(temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+                   min_p: float | None = None) -> None:
+    """Refuse sampling settings that mean nothing, before any forward pass is spent on them.
+
+    temperature: 0 (greedy) or a finite number > 0 (infinity would flatten every logit and quietly undo
+    top_k); top_k: None or an int >= 1; top_p: None or a number in (0, 1]; min_p: None or a number in (0, 1].
+    """
+    check_temperature(temperature)
+    if top_k is not None:
+        check_count("top_k", top_k, 1, hint="1 keeps only the most likely token; None keeps all")
+    if top_p is not None:
+        check_probability("top_p", top_p)
+    if min_p is not None:
+        check_number("min_p", min_p, above=0, maximum=1,
+                     hint="e.g. 0.1 keeps tokens at least a tenth as likely as the top one; None keeps all")
+
+
+def check_stop_token(stop_token, vocab_size: int) -> int | None:
+    """None, or a token id in [0, vocab_size) at which generate() stops; returns it as an int."""
+    if stop_token is None:
+        return None
+    return check_count("stop_token", stop_token, 0, vocab_size - 1,
+                       hint="pass an id from the tokenizer, e.g. enc.eot_token, or None to never stop early")
+
+
+def check_logits(logits) -> None:
+    """Refuse logits [batch, vocab] that no token can be picked from: NaN, +inf, or a row that is all -inf.
+
+    -inf alone is fine (a masked token). One host sync: sample() calls it once per call, and
+    generate() once per request (the prefill), where NaN weights show up first.
+    """
+    if not isinstance(logits, torch.Tensor) or logits.dim() < 1 or logits.shape[-1] == 0:
+        got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else describe(logits)
+        raise TypeError(f"logits must be a float tensor [batch, vocab] with vocab >= 1, got {got}")
+    if not logits.is_floating_point():
+        raise TypeError(f"logits must be a float tensor [batch, vocab], got dtype {logits.dtype}; "
+                        "pass the model's output, or logits.float()")
+    if logits.numel() == 0 or fake_cuda.is_fake(logits):     # a fake tensor (labutils.core.fake_cuda) has no values
+        return
+    bad = torch.isnan(logits).any() | torch.isposinf(logits).any() | torch.isneginf(logits).all(dim=-1).any()
+    if bool(bad):
+        raise ValueError("logits hold NaN, +inf, or a row where every token is -inf, so no token can be picked; "
+                         "the model's weights or inputs are broken (load_hf_gpt2 warns about NaN weights by name)")
+
+
+def sampling_probs(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
+                   top_p: float | None = None, min_p: float | None = None) -> torch.Tensor:
+    """The distribution sample() draws from, [batch, vocab] in float32: temperature, top-k, top-p, then min-p.
+
+    temperature=0 puts all mass on the argmax. top_k keeps every token tied with the k-th.
+    top_p keeps the smallest set of most likely tokens whose probabilities add up to at least top_p.
+    min_p keeps the tokens whose probability is at least min_p x the top token's (after temperature).
+    """
+    check_sampling(temperature, top_k, top_p, min_p)
+    if temperature == 0:
+        return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
+    # Shift the max to 0 first (softmax does the same inside): a tiny temperature then sends the other
+    # logits to -inf instead of overflowing every logit to +inf and the probabilities to NaN.
+    logits = logits.float()
+    # A temperature below float32's smallest normal number would round to 0 (0 / 0 = NaN); it is greedy anyway.
+    temperature = max(temperature, torch.finfo(torch.float32).tiny)
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # Drop a token once the tokens ranked above it already cover top_p; the first always stays.
+        drop = probs.cumsum(dim=-1) - probs >= top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    if min_p is not None:
+        # p_i >= min_p * p_max  <=>  logit_i - logit_max >= ln(min_p): no softmax needed, and the cut
+        # scales with the model's confidence (a sure model keeps few tokens, an unsure one many).
+        # top-k and top-p never drop the top token, so amax is still the top token's logit.
+        cut = logits.amax(dim=-1, keepdim=True) + math.log(min_p)
+        logits = logits.masked_fill(logits < cut, float("-inf"))
+    return torch.softmax(logits, dim=-1)
+
+
+def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
+           top_p: float | None = None, generator: torch.Generator | None = None, *, check: bool = True,
+           min_p: float | None = None) -> torch.Tensor:
+    """Pick one token per row of logits [batch, vocab], on the logits' device. temperature=0 is greedy.
+
+    NaN logits are refused (greedy would otherwise return token 0); `check=False` skips that host sync.
+    """
+    check_sampling(temperature, top_k, top_p, min_p)
+    if check:
+        check_logits(logits)
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = sampling_probs(logits, temperature, top_k, top_p, min_p)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "generator")
+
+
+def _check_sampling_options(sampling: dict) -> None:
+    """prefill's and decode_step's sampling keywords, refused before the forward writes the cache: a refused
+    call must leave the cache as it was."""
+    unknown = sorted(set(sampling) - set(SAMPLING_OPTIONS))
+    if unknown:
+        raise TypeError(f"unknown sampling option(s) {unknown}; the options are {', '.join(SAMPLING_OPTIONS)}")
+    check_sampling(**{k: v for k, v in sampling.items() if k != "generator"})
+
+
+def prefill(model, ids: torch.Tensor, cache: KVCache, **sampling) -> torch.Tensor:
+    """One forward pass over the whole prompt [batch, T]: writes T cache entries, returns token [batch].
+
+    The request's checks run here, once: the sampling options, ids against the vocab and context, the
+    cache against the model (GPT.forward(check=True)), all before the cache is written; then the logits
+    for NaN (sample).
+    """
+    _check_sampling_options(sampling)
+    logits = model(ids, cache, last_only=True)
+    return sample(logits[:, -1], **sampling)
+
+
+def decode_step(model, token: torch.Tensor, cache: KVCache, *, check: bool = True, **sampling) -> torch.Tensor:
+    """One forward pass over one new token [batch]: reads the cache, appends one entry, returns the next.
+
+    With check=True (the default, for a call by hand) the token ids and the cache are checked against
+    the model and the logits for NaN: host syncs. generate() checks once, in prefill, and passes
+    check=False, leaving only the free shape checks on every step.
+    """
+    if not isinstance(token, torch.Tensor) or token.dim() != 1:
+        raise ValueError("decode_step takes the newest token of each sequence as a 1-D tensor [batch], got "
+                         f"{tuple(token.shape) if isinstance(token, torch.Tensor) else describe(token)}")
+    if check:
+        _check_sampling_options(sampling)
+        model.check_ids(token[:, None], cache.pos)
+        check_cache(cache, model)
+    cache.check_fits(token.shape[0], 1)
+    logits = model(token[:, None], cache, check=False, last_only=True)
+    return sample(logits[:, -1], check=check, **sampling)
+
+
+@dataclass
+class GenerationResult:
+    """What one request produced, with a host timestamp per token (seconds since the request began)."""
+
+    tokens: torch.Tensor                  # [batch, new_tokens], on the CPU
+    timestamps: list[float]               # when each token was available on the host
+    prompt_len: int
+    ttft_s: float = field(init=False)
+    tpot_s: float = field(init=False)
+
+    def __post_init__(self):
+        self.ttft_s = timing.ttft_s(self.timestamps)
+        self.tpot_s = timing.tpot_s(self.timestamps)
+
+    @property
+    def itl_s(self) -> list[float]:
+        return timing.itl_s(self.timestamps)
+
+    @property
+    def latency_s(self) -> float:
+        return self.timestamps[-1]
+
+
+def as_batch(ids, device) -> torch.Tensor:
+    """Accept a list of ids, a 1-D tensor (batch 1) or a [batch, T] tensor; refuse anything else."""
+    if isinstance(ids, (list, tuple)):
+        try:
+            ids = torch.tensor(ids)      # keeps the element type, so floats are caught below
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError("ids must be a list of ints (or a list of equal-length lists for a batch)") from None
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError(f"ids must be a list of ints or a LongTensor, got {describe(ids)}; "
+                        "encode text first, e.g. encode(enc, text)")
+    if ids.numel() == 0:
+        raise ValueError("ids is empty: the prompt is empty; encode at least one token")
+    if ids.dtype == torch.bool or ids.dtype.is_floating_point or ids.dtype.is_complex:
+        raise TypeError(f"ids must be integer token ids, got dtype {ids.dtype}; "
+                        "encode text with the tokenizer, or use torch.tensor(ids, dtype=torch.long)")
+    if ids.dim() == 1:
+        ids = ids[None]
+    if ids.dim() != 2:
+        raise ValueError(f"ids must be [T] or [batch, T] with T >= 1, got shape {tuple(ids.shape)}")
+    return ids.to(device=device, dtype=torch.long)
+
+
+def check_request(model, ids, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
+                  top_p: float | None = None, min_p: float | None = None) -> torch.Tensor:
+    """Refuse a request that cannot run, before any forward pass; returns ids as [batch, T] on the model's device."""
+    ids = as_batch(ids, model_device(model))
+    max_new_tokens = check_count("max_new_tokens", max_new_tokens, 1)
+    check_sampling(temperature, top_k, top_p, min_p)
+    T, ctx = ids.shape[1], model.config.context_length
+    if T + max_new_tokens > ctx:
+        raise ValueError(f"prompt ({T}) + max_new_tokens ({max_new_tokens}) = {T + max_new_tokens} tokens "
+                         f"exceed the context length {ctx}; shorten one of them")
+    model.check_ids(ids)
+    return ids
+
+
+@torch.inference_mode()
+def generate(model, ids, max_new_tokens: int, *, use_cache: bool = True, temperature: float = 0.0,
+             top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+             min_p: float | None = None, stop_token: int | None = None, on_token=None) -> GenerationResult:
+    """Prefill, then decode until max_new_tokens. With use_cache=False every step recomputes the
+    whole sequence: the baseline that shows what the cache saves.
+
+    stop_token (e.g. the tokenizer's end-of-text id) ends the request early, once every sequence has
+    produced it; the result then ends with that token. In a batch, a sequence that stopped first keeps
+    stop_token in its later places, so each row reads up to its first stop_token. on_token(tokens) is called
+    with each step's tokens [batch] once they are on the host and stamped, as fast_generate's is.
+    """
+    t0 = time.perf_counter()   # the request starts now: validation and cache allocation count toward TTFT
+    device = model_device(model)
+    ids = check_request(model, ids, max_new_tokens, temperature, top_k, top_p, min_p)
+    stop_token = check_stop_token(stop_token, model.config.vocab_size)
+    if on_token is not None and not callable(on_token):
+        raise TypeError(f"on_token must be a function of one step's tokens, got {type(on_token).__name__}")
+    T, max_new_tokens = ids.shape[1], int(max_new_tokens)
+    use_cache = check_flag("use_cache", use_cache)
+    seed = None if seed is None else check_seed(seed)
+    generator = fake_cuda.generator(device, seed)
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, generator=generator)
+
+    tokens, stamps = [], []
+    stopped = torch.zeros(ids.shape[0], dtype=torch.bool)    # on the host: which rows have said stop_token
+
+    def emit(tok) -> bool:
+        """Record a token; True when every row has now produced stop_token (the request is done)."""
+        host = tok.cpu()                    # the token is on the host only after this copy
+        timing.synchronize(device)
+        stamps.append(time.perf_counter() - t0)
+        if stop_token is not None:
+            host = host.masked_fill(stopped, stop_token)   # a finished row stays finished
+            stopped.logical_or_(host == stop_token)
+        tokens.append(host)
+        if on_token is not None:
+            on_token(host)
+        return stop_token is not None and bool(stopped.all())
+
+    if use_cache:
+        cache = KVCache(model.config, ids.shape[0], T + max_new_tokens, device=device, dtype=model_dtype(model))
+        tok = prefill(model, ids, cache, **sampling)
+        done = emit(tok)
+        for _ in range(max_new_tokens - 1):
+            if done:
+                break
+            tok = decode_step(model, tok, cache, check=False, **sampling)
+            done = emit(tok)
+    else:
+        seq = ids
+        for i in range(max_new_tokens):
+            tok = sample(model(seq, check=False, last_only=True)[:, -1], check=i == 0, **sampling)
+            if emit(tok):
+                break
+            seq = torch.cat([seq, tok[:, None]], dim=1)
+    return GenerationResult(torch.stack(tokens, dim=1), stamps, T)

@@ -1,0 +1,10 @@
+"""The lessons' experiments: one request on a preset shape, one pass on the roofline, the stage ladder, attention and
+KV sweeps, and claims that check themselves. May import: core, text, model, perf, decode, serving."""
+from labutils.measure import stages
+from labutils.measure.attention_cost import (cpu_memory_events, flash_traffic_bytes, make_qkv, measure_attention,
+                                             measure_causal_skip, peak_memory_bytes, qkvo_bytes, score_matrix_bytes)
+from labutils.measure.claims import claim
+from labutils.measure.kv_timing import step_cost_ms
+from labutils.measure.request import (available_devices, check_request, clear_models, default_dtype_name,
+                                      dtype_choices, free_bytes, get_model, measure_request, measure_requests,
+                                      memory_needed, model_config, preset_choices, roofline_point, time_pass)

@@ -1,0 +1,300 @@
+"""Measure real passes on random-weight models of preset shapes: one request, or one prefill / decode pass."""
+from __future__ import annotations
+
+import gc
+import statistics
+from collections import OrderedDict
+
+import torch
+
+from labutils.perf import quiet, roofline
+from labutils.core.dtypes import COMPUTE_DTYPES, dtype_name, torch_dtype
+from labutils.decode.loop import generate
+from labutils.core.devices import default_dtype, free_memory_bytes, is_oom, pick_device
+from labutils.decode.kvcache import KVCache
+from labutils.perf.timing import time_fn
+from labutils.model.gpt import GPT, GPTConfig
+from labutils.perf.peaks import measured_peaks
+from labutils.model.presets import PRESETS
+from labutils.core.progress_bar import Steps
+from labutils.core.validate import check_choice, check_count, check_device, check_dtype, check_seed
+
+# On a CPU, building a multi-billion-parameter model means minutes of random initialisation,
+# so the bigger shapes are offered only on a GPU.
+CPU_PRESETS = ("tiny", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")
+
+_MODELS: "OrderedDict[tuple[str, str, str, int | None], GPT]" = OrderedDict()
+MAX_CACHED_MODELS = 2        # models are large; keep the two most recently used
+
+
+def available_devices() -> list[str]:
+    """Device names this machine can measure on, best first ("cuda", "mps", "cpu")."""
+    names = []
+    for name in ("cuda", "mps", "cpu"):
+        try:
+            pick_device(name)
+            names.append(name)
+        except ValueError:          # validate.DeviceUnavailableError: not on this machine
+            pass
+    return names
+
+
+def dtype_choices(device) -> list[str]:
+    """Weight dtypes worth offering on `device`. CPUs run bf16/fp16 too, often slower than fp32."""
+    kind = check_device("device", device).type
+    if kind == "cuda":
+        bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
+        return ["fp32", "bf16", "fp16"] if bf16 else ["fp32", "fp16"]
+    if kind == "mps":
+        return ["fp32", "fp16"]
+    return ["fp32", "bf16", "fp16"]
+
+
+def default_dtype_name(device) -> str:
+    """The dtype name models run in on `device` (hardware.default_dtype): "fp32" on a CPU, "bf16" on a recent GPU."""
+    return dtype_name(default_dtype(device))
+
+
+def free_bytes(device) -> float:
+    """Memory free for a new model on `device` (models this module caches count as free: they can be evicted)."""
+    device = check_device("device", device)
+    cached = sum(roofline.weight_bytes(m) for (_, _, dev, _), m in _MODELS.items()
+                 if torch.device(dev).type == device.type)
+    free = free_memory_bytes(device)
+    if free is None:           # the platform does not say (some Apple GPUs): do not block, OOM is still caught
+        return float("inf")
+    return free + cached
+
+
+def model_config(preset: str, context_length: int | None = None) -> GPTConfig:
+    """The preset's shape; `context_length` gives the random-weight model a longer (or shorter) position table."""
+    if context_length is None:
+        return GPTConfig.preset(preset)
+    return GPTConfig.preset(preset, context_length=check_count("context_length", context_length, 1))
+
+
+def memory_needed(preset: str, prompt_len: int, new_tokens: int, batch: int = 1, dtype: str = "fp32",
+                  context_length: int | None = None) -> int:
+    """Rough peak bytes of one request: weights + KV cache + the prefill's largest activations."""
+    cfg = model_config(preset, context_length)
+    prompt_len, new_tokens = check_count("prompt_len", prompt_len, 1), check_count("new_tokens", new_tokens, 1)
+    batch, dtype = check_count("batch", batch, 1), check_dtype("dtype", dtype, COMPUTE_DTYPES)
+    elem = torch_dtype(dtype).itemsize
+    weights = roofline.weight_bytes(cfg, dtype)
+    build = weights + (roofline.weight_bytes(cfg, "fp32") if elem != 4 else 0)   # made in fp32, then cast
+    kv = roofline.kv_cache_bytes(cfg, prompt_len + new_tokens, batch, dtype)
+    tokens = batch * prompt_len
+    logits = batch * cfg.vocab_size * (elem + 4)        # the last position only (GPT.forward(last_only=True))
+    scratch = tokens * (cfg.n_inner + 4 * cfg.n_embd) * elem * 2 + batch * cfg.n_head * prompt_len ** 2 * 4
+    return max(build, weights + kv + logits + scratch)
+
+
+def preset_choices(device) -> tuple[list[str], list[str]]:
+    """(presets whose weights fit on `device`, one note per preset left out and why)."""
+    device = check_device("device", device)
+    free = free_bytes(device)
+    offered, notes = [], []
+    for name, shape in PRESETS.items():
+        if device.type == "cpu" and name not in CPU_PRESETS:
+            continue
+        smallest = 2 if device.type != "cpu" else 4          # on a CPU fp32 is the dtype worth timing
+        need = memory_needed(name, 1, 1, 1, "fp16" if smallest == 2 else "fp32")
+        if need < 0.8 * free:
+            offered.append(name)
+        else:
+            notes.append(f"{name}: needs about {need / 1e9:.1f} GB, {free / 1e9:.1f} GB free on {device.type}")
+    if device.type == "cpu":
+        notes.append("7B+ shapes: GPU only (random initialisation of billions of weights takes minutes on a CPU)")
+    return offered, notes
+
+
+def check_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 1, dtype: str = "fp32",
+                  device="cpu", context_length: int | None = None) -> None:
+    """Raise a ValueError that names the problem and the way out, before anything is allocated."""
+    cfg = model_config(preset, context_length)      # unknown preset -> ValueError listing the names
+    prompt_len, batch = check_count("prompt_len", prompt_len, 1), check_count("batch", batch, 1)
+    new_tokens = check_count("new_tokens", new_tokens, 2, hint="TPOT needs at least two output tokens")
+    dtype = check_dtype("dtype", dtype, COMPUTE_DTYPES)
+    if dtype not in dtype_choices(device):
+        raise ValueError(f"{dtype} is not supported on {torch.device(device).type}; "
+                         f"choose one of {dtype_choices(device)}")
+    if prompt_len + new_tokens > cfg.context_length:
+        raise ValueError(f"prompt ({prompt_len}) + output ({new_tokens}) = {prompt_len + new_tokens} tokens exceed "
+                         f"{preset}'s context length {cfg.context_length}; shorten one of them"
+                         + ("" if context_length else " (or pass context_length= for a longer position table)"))
+    need = memory_needed(preset, prompt_len, new_tokens, batch, dtype, context_length)
+    free = free_bytes(device)
+    if need > 0.9 * free:
+        raise ValueError(f"{preset} in {dtype} with batch {batch} and {prompt_len}+{new_tokens} tokens needs about "
+                         f"{need / 1e9:.1f} GB, but only {free / 1e9:.1f} GB is free on {torch.device(device).type}; "
+                         "choose a smaller preset, a 2-byte dtype, a smaller batch or fewer tokens"
+                         + (f" (context_length={context_length} sets the position table)" if context_length else ""))
+
+
+def get_model(preset: str, dtype: str = "fp32", device="cpu", context_length: int | None = None) -> GPT:
+    """A random-weight GPT of the preset's shape, built once per (preset, dtype, device, context) and cached."""
+    model_config(preset, context_length)          # the preset and context, checked before anything is built
+    dtype, device = check_dtype("dtype", dtype, COMPUTE_DTYPES), check_device("device", device)
+    key = (preset, dtype, str(device), context_length)
+    if key in _MODELS:
+        _MODELS.move_to_end(key)
+        return _MODELS[key]
+    while len(_MODELS) >= MAX_CACHED_MODELS:
+        clear_models(1)
+    need = memory_needed(preset, 1, 1, 1, dtype, context_length)
+    while _MODELS and need > 0.9 * (free_bytes(device) - sum(roofline.weight_bytes(m) for m in _MODELS.values())):
+        clear_models(1)           # make room: drop the least recently used model
+    free = free_bytes(device)
+    if need > 0.9 * free:         # refused before anything is allocated: a 7B model in fp32 would kill the kernel
+        raise ValueError(f"{preset} in {dtype} needs about {need / 1e9:.1f} GB to build, but only "
+                         f"{free / 1e9:.1f} GB is free on {device.type}; choose a smaller preset"
+                         + (", or a 2-byte dtype on a GPU" if dtype == "fp32" else ""))
+    with torch.device(device):    # on a GPU the random initialisation runs there, which is much faster
+        model = GPT(model_config(preset, context_length)).to(torch_dtype(dtype)).eval()
+    # One short untimed request: the first call pays one-off costs (allocator, kernel selection).
+    generate(model, torch.zeros(1, 4, dtype=torch.long), 2)
+    _MODELS[key] = model
+    return model
+
+
+def clear_models(n: int | None = None) -> None:
+    """Forget the n least recently used models (all when n is None) and give their memory back."""
+    for _ in range(len(_MODELS) if n is None else min(n, len(_MODELS))):
+        _MODELS.popitem(last=False)
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def measure_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 1, dtype: str = "fp32",
+                    device="cpu", *, repeats: int = 1, peaks=None, seed: int = 0,
+                    context_length: int | None = None, progress_desc: str = "") -> dict:
+    """Run one real request (random prompt ids, greedy decode) and return its metrics as a plain row.
+
+    With repeats > 1 the request runs that many times; TTFT and TPOT are medians and the timestamps
+    come from the run with the median latency. `peaks` (peaks.measured_peaks) defaults to this
+    device's measured bandwidth and FLOP/s, for MBU and MFU. `context_length` overrides the preset's
+    position table (GPT-2's 1,024 positions cannot hold 1,000 + 200 tokens). With a `progress_desc`, a bar in
+    the notebook counts the tokens of every run as they arrive.
+    """
+    repeats = check_count("repeats", repeats, 1, 1000)
+    return measure_requests(preset, [(prompt_len, new_tokens)], batch, dtype, device, rounds=repeats, peaks=peaks,
+                            seed=seed, context_length=context_length, progress_desc=progress_desc)[0]
+
+
+def measure_requests(preset: str, settings, batch: int = 1, dtype: str = "fp32", device="cpu", *, rounds: int = 1,
+                     peaks=None, seed: int = 0, context_length: int | None = None, progress_desc: str = "") -> list[dict]:
+    """measure_request for several (prompt_len, new_tokens) settings of one model, run in turn, round after
+    round (A B C A B C ...): a slow patch of a noisy machine then lands on every setting alike, so the
+    ratios between their rows hold. One row per setting, as measure_request returns it."""
+    device = check_device("device", device)
+    settings = [tuple(s) for s in settings]
+    if not settings or any(len(s) != 2 for s in settings):
+        raise ValueError(f"settings must be (prompt_len, new_tokens) pairs, got {settings!r}")
+    for prompt_len, new_tokens in settings:
+        check_request(preset, prompt_len, new_tokens, batch, dtype, device, context_length)
+    rounds, seed = check_count("rounds", rounds, 1, 1000), check_seed(seed)
+    try:
+        model = get_model(preset, dtype, device, context_length)
+        ids = [torch.randint(0, model.config.vocab_size, (batch, p), generator=torch.Generator().manual_seed(seed))
+               for p, _ in settings]
+        generate(model, ids[0][:, :min(settings[0][0], 16)], 2)     # warm this batch size up, untimed
+        bar = Steps(rounds * sum(n for _, n in settings) if progress_desc else 0, progress_desc)
+        runs = [[] for _ in settings]
+        with quiet.watch():                                         # one line if others were busy meanwhile
+            for r in range(rounds):
+                for i, ((prompt_len, new_tokens), prompt) in enumerate(zip(settings, ids)):
+                    bar.show(f"round {r + 1} of {rounds}: prefill of {prompt_len} tokens x batch {batch}")
+                    runs[i].append(generate(model, prompt, new_tokens,
+                                            on_token=lambda _, r=r: bar.step(f"round {r + 1} of {rounds}, decoding")))
+        bar.done()
+    except (RuntimeError, MemoryError) as err:    # torch.OutOfMemoryError is a RuntimeError
+        if not is_oom(err):
+            raise
+        clear_models()
+        raise RuntimeError(f"{device.type} ran out of memory for {preset} in {dtype}, batch {batch}, "
+                           f"{max(p for p, _ in settings)}+{max(n for _, n in settings)} tokens; the cached models "
+                           "were freed. Choose a smaller setting") from None
+    peaks = measured_peaks(device, torch_dtype(dtype)) if peaks is None else peaks
+    return [_request_row(preset, model.config, p, n, batch, dtype, device, mine, peaks)
+            for (p, n), mine in zip(settings, runs)]
+
+
+def _request_row(preset, cfg, prompt_len: int, new_tokens: int, batch: int, dtype: str, device, runs, peaks) -> dict:
+    """One setting's runs -> measure_request's row: medians of TTFT and TPOT, the median-latency run's timestamps."""
+    ttft = statistics.median(r.ttft_s for r in runs)
+    tpot = statistics.median(r.tpot_s for r in runs)
+    typical = sorted(runs, key=lambda r: r.latency_s)[len(runs) // 2]
+    pos = roofline.mean_decode_pos(prompt_len, new_tokens)
+    step_bytes = roofline.decode_bytes(cfg, pos, batch, dtype)
+    prefill_flops = roofline.prefill_flops(cfg, prompt_len, batch)    # the one count: floors and MFU use it
+    decode_flops = roofline.decode_flops(cfg, pos, batch)
+    # warn=False: roofline warns about a utilization above 1 (usually a unit typed by hand). Here every
+    # input is measured in the right units, and a small model held in a CPU cache really can beat DRAM.
+    utilization = dict(mbu=roofline.mbu(cfg, pos, batch, dtype, tpot, peaks.bandwidth_Bps, warn=False),
+                       mfu_prefill=roofline.mfu(prefill_flops, ttft, peaks.flops, warn=False),
+                       mfu_decode=roofline.mfu(decode_flops, tpot, peaks.flops, warn=False))
+    return dict(
+        preset=preset, dtype=dtype, device=str(device), device_name=peaks.device_name, batch=batch,
+        prompt_len=prompt_len, new_tokens=new_tokens, context_length=cfg.context_length,
+        ttft_s=ttft, tpot_s=tpot, latency_s=typical.latency_s, timestamps=list(typical.timestamps),
+        throughput_tok_s=batch * new_tokens / typical.latency_s,     # output tokens/s over the request
+        decode_tok_s=batch / tpot,
+        decode_pos=pos, decode_bytes=step_bytes, achieved_Bps=step_bytes / tpot,
+        prefill_flops=prefill_flops, achieved_flops=prefill_flops / ttft,          # MFU's numerator
+        **utilization,
+        peak_bandwidth_Bps=peaks.bandwidth_Bps, peak_flops=peaks.flops,
+    )
+
+
+# ---- one pass at a time, for the roofline (lesson 07) ------------------------------------------------------------
+
+def time_pass(model: GPT, phase: str, n: int, *, pos: int = 128, repeats: int = 5) -> float:
+    """Median seconds of one forward pass: phase "prefill" (a prompt of n tokens, batch 1) or "decode"
+    (one step for a batch of n sequences, each with `pos` cached positions).
+
+    A decode step reads a zeroed cache of the right size: the bytes and FLOPs are those of real keys
+    and values (zeros neither speed up nor slow down a CPU or GPU matmul noticeably), and nothing has to be
+    prefilled first, which at batch 64 would cost more than the step itself.
+    """
+    check_choice("phase", phase, ("prefill", "decode"))
+    n, pos, repeats = check_count("n", n, 1), check_count("pos", pos, 0), check_count("repeats", repeats, 1)
+    batch, T = (1, n) if phase == "prefill" else (n, 1)
+    start = 0 if phase == "prefill" else pos
+    if start + T > model.config.context_length:
+        raise ValueError(f"{start + T} positions exceed the model's context length {model.config.context_length}")
+    device = next(model.parameters()).device
+    dtype = model.tok_emb.weight.dtype
+    cache = KVCache(model.config, batch, start + T, device=device, dtype=dtype)
+    cache.k.zero_()
+    cache.v.zero_()
+    ids = torch.zeros(batch, T, dtype=torch.long, device=device)
+
+    def one_pass():
+        cache.pos = start
+        model(ids, cache, check=False, last_only=True)
+
+    with torch.inference_mode():
+        return time_fn(one_pass, device=device, warmup=1, repeats=repeats).median_s
+
+
+def roofline_point(preset: str, phase: str, n: int, dtype: str = "fp32", device="cpu", *, pos: int = 128,
+                   repeats: int = 5) -> dict:
+    """Time one pass (see time_pass) and place it on the roofline: FLOPs, bytes, intensity, achieved rates."""
+    check_choice("phase", phase, ("prefill", "decode"))
+    model = get_model(preset, dtype, device)
+    seconds = time_pass(model, phase, n, pos=pos, repeats=repeats)
+    cfg = model.config
+    if phase == "prefill":
+        flops, nbytes = roofline.prefill_flops(cfg, n), roofline.prefill_bytes(cfg, n, 1, dtype)
+    else:
+        flops, nbytes = roofline.decode_flops(cfg, pos, n), roofline.decode_bytes(cfg, pos, n, dtype)
+    return dict(preset=preset, phase=phase, n=n, pos=pos, dtype=dtype, device=str(device), seconds=seconds,
+                flops=flops, bytes=nbytes, intensity=roofline.arithmetic_intensity(flops, nbytes),
+                achieved_flops=flops / seconds, achieved_Bps=nbytes / seconds,
+                tokens_per_s=n / seconds)          # n prompt tokens, or one new token for each of n sequences
+
+
+__all__ = ["roofline_point", "time_pass", "available_devices", "check_request", "clear_models", "default_dtype_name", "dtype_choices",
+           "free_bytes", "get_model", "measure_request", "measure_requests", "memory_needed", "model_config",
+           "preset_choices"]
