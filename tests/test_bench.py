@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from labutils import bench
+from labutils.bench import decode_rows, serving_rows
+from labutils.serving import vllm_server
 
 
 def test_quick_bench_prints_every_row_and_writes_json(tmp_path, capsys):
@@ -82,13 +84,13 @@ def test_fast_loop_rows_run_on_quick_settings():
 
 def test_hf_rows_refuse_to_time_models_that_disagree():
     s = bench.BenchSettings(quick=True, rounds=1)
-    hf, ours = bench.hf_pair("tiny", s)
+    hf, ours = decode_rows.hf_pair("tiny", s)
     ids = torch.randint(0, ours.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
-    bench.check_same_greedy_tokens(hf, ours, ids, 6)            # the same weights: no complaint
+    decode_rows.check_same_greedy_tokens(hf, ours, ids, 6)            # the same weights: no complaint
     with torch.no_grad():
         ours.blocks[0].mlp.fc.weight.mul_(-3.0)                 # now they compute different things
     with pytest.raises(AssertionError, match="disagree from step"):
-        bench.check_same_greedy_tokens(hf, ours, ids, 6)
+        decode_rows.check_same_greedy_tokens(hf, ours, ids, 6)
 
 
 def test_serving_row_runs_on_quick_settings():
@@ -100,10 +102,10 @@ def test_serving_row_runs_on_quick_settings():
 
 
 def test_the_vllm_row_skips_with_a_reason_where_it_cannot_run(monkeypatch):
-    monkeypatch.setattr(bench.vllm_server, "vllm_python", lambda: None)
+    monkeypatch.setattr(vllm_server, "vllm_python", lambda: None)
     row = bench.engine_vs_vllm(bench.BenchSettings(quick=False))
-    assert row.status == "SKIP" and "make vllm" in row.detail and row.target == bench.ENGINE_VS_VLLM_TARGET == ">= 0.9"
-    monkeypatch.setattr(bench.vllm_server, "vllm_python", lambda: "/usr/bin/python3")
+    assert row.status == "SKIP" and "make vllm" in row.detail and row.target == serving_rows.ENGINE_VS_VLLM_TARGET == ">= 0.9"
+    monkeypatch.setattr(vllm_server, "vllm_python", lambda: "/usr/bin/python3")
     row = bench.engine_vs_vllm(bench.BenchSettings(quick=True))
     assert row.status == "SKIP" and "--quick" in row.detail
     row = bench.engine_vs_vllm(bench.BenchSettings(device=torch.device("meta")))
@@ -115,8 +117,8 @@ def test_the_vllm_row_workload_is_seeded_and_fits_the_context():
     from labutils.model.gpt import GPTConfig
 
     cfg = GPTConfig.preset("gpt2-small")
-    a, b = bench.vllm_row_workload(cfg), bench.vllm_row_workload(cfg)
-    assert a == b and len(a) == 32 and a != bench.vllm_row_workload(cfg, seed=1)
+    a, b = serving_rows.vllm_row_workload(cfg), serving_rows.vllm_row_workload(cfg)
+    assert a == b and len(a) == 32 and a != serving_rows.vllm_row_workload(cfg, seed=1)
     assert all(16 <= len(r.prompt_ids) <= 64 and 16 <= r.max_new_tokens <= 64 and r.arrival_s == 0 for r in a)
     assert len({len(r.prompt_ids) for r in a}) > 8 and len({r.max_new_tokens for r in a}) > 8
     assert all(0 <= t < cfg.vocab_size for r in a for t in r.prompt_ids)
@@ -157,7 +159,7 @@ def test_a_row_run_on_a_busy_machine_says_so(monkeypatch, capsys):
 
 
 def test_the_vllm_budget_row_skips_with_the_same_reasons(monkeypatch):
-    monkeypatch.setattr(bench.vllm_server, "vllm_python", lambda: None)
+    monkeypatch.setattr(vllm_server, "vllm_python", lambda: None)
     row = bench.vllm_budget_itl(bench.BenchSettings(quick=False))
     assert row.status == "SKIP" and "make vllm" in row.detail and row.target == "<= 0.5"
     assert bench.vllm_budget_itl in bench.ROWS and bench.chunked_vs_whole_prefill_itl in bench.ROWS

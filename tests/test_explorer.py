@@ -183,8 +183,11 @@ def test_explorer_measures_redraws_and_reuses_cached_settings():
 def test_impossible_setting_shows_a_message_and_keeps_the_last_plot(monkeypatch):
     ex = explorer(device="cpu", **TINY)
     before = list(ex.fig_timeline.figure.data[2].x)
-    ex.prompt_len.value = 256                            # 256 + 8 > tiny's context: the sliders clamp instead
-    assert ex.prompt_len.value + ex.new_tokens.value <= 256 and "TTFT" in ex.status.value
+    kept = ex.prompt_len.value
+    with pytest.raises(ValueError, match=r"prompt_len=256 is outside the slider's range 8 to \d+"):
+        ex.prompt_len.value = 256                        # 256 + new tokens > tiny's context: refused, by name
+    assert ex.prompt_len.value == kept and ex.prompt_len.value + ex.new_tokens.value <= 256
+    assert "TTFT" in ex.status.value
     real = measure.check_request
 
     def too_big(**s):

@@ -464,3 +464,81 @@ def test_setup_notebook_names_a_bad_seed():
     import labutils
     with pytest.raises(ValueError, match="seed must be >= 0, got -1"):
         labutils.setup_notebook(seed=-1)
+
+
+# --- the last classes (issue 20 §4): a hand-edited tokenizer file, sliders set out of range --------------------
+
+def _copy_encoding(tmp_path, edit_meta=None, edit_body=None):
+    """The course encoding copied to tmp_path, its .json (dict) and .tiktoken (bytes) edited as a hand would."""
+    import hashlib
+    import json
+    from labutils.text.tokenizer import DATA_DIR as TOKENIZER_DIR
+    meta = json.loads((TOKENIZER_DIR / "course.json").read_text())
+    body = (TOKENIZER_DIR / "course.tiktoken").read_bytes()
+    if edit_body is not None:
+        body = edit_body(body)
+        meta["sha256"] = hashlib.sha256(body).hexdigest()     # a careful hand: the checksum matches the edit
+    if edit_meta is not None:
+        edit_meta(meta)
+    (tmp_path / "course.tiktoken").write_bytes(body)
+    (tmp_path / "course.json").write_text(meta if isinstance(meta, str) else json.dumps(meta))
+    return tmp_path / "course.tiktoken"
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda m: m.pop("pat_str"), r"course.json was edited by hand .*missing \['pat_str'\].*Rebuild it \(python -m "
+                                 r"labutils.text.tokenizer\)"),
+    (lambda m: m.pop("sha256") and m.pop("n_vocab"), r"missing \['n_vocab', 'sha256'\]"),
+    (lambda m: m.update(n_vocab="4096"), r"wrong type: n_vocab \(should be int, got str '4096'\)"),
+    (lambda m: m.update(special_tokens={"<|endoftext|>": "0"}), r"special_tokens \(token text -> int id\)"),
+    (lambda m: m.update(n_vocab=5), r"do not make an encoding"),
+    (lambda m: m.update(pat_str="("), r"do not make an encoding"),
+])
+def test_a_hand_edited_tokenizer_file_is_refused_by_name(tmp_path, edit, match):
+    from labutils.text.tokenizer import load_encoding
+    with pytest.raises(ValueError, match=match):
+        load_encoding(_copy_encoding(tmp_path, edit_meta=edit))
+
+
+def test_a_tokenizer_file_cut_short_or_not_json_is_refused_by_name(tmp_path):
+    from labutils.text.tokenizer import load_encoding
+    path = _copy_encoding(tmp_path, edit_body=lambda b: b + b"not-base64!\n")
+    with pytest.raises(ValueError, match=r"course.tiktoken, line 4\d\d\d: expected '<base64 token> <rank>'"):
+        load_encoding(path)
+    path.with_suffix(".json").write_text("{broken")
+    with pytest.raises(ValueError, match="course.json is not valid JSON"):
+        load_encoding(path)
+    path.with_suffix(".json").unlink()
+    with pytest.raises(FileNotFoundError, match="no .*course.json beside its .tiktoken file"):
+        load_encoding(path)
+    assert load_encoding(_copy_encoding(tmp_path)).n_vocab == get_encoding("course").n_vocab   # an honest copy loads
+
+
+@pytest.mark.parametrize("make, control, value, match", [
+    (lambda: KVCalculator("tiny", 128), "batch", 500, r"batch=500 is outside the slider's range 1 to 256"),
+    (lambda: KVCalculator("tiny", 128), "context", 0, r"context=0 is outside the slider's range 1 to"),
+    (lambda: KVCalculator("tiny", 128), "batch", 0, r"batch=0 is outside the slider's range 1 to 256"),
+])
+def test_a_slider_set_out_of_range_from_code_says_so_and_keeps_its_value(make, control, value, match):
+    view = make()
+    slider = getattr(view, control)
+    before = slider.value
+    with pytest.raises(ValueError, match=match):
+        slider.value = value
+    assert slider.value == before
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: KVCalculator("tiny", context=0), r"context=0 is outside the slider's range 1 to"),
+    (lambda: KVCalculator("tiny", 128, batch=500), r"batch=500 is outside the slider's range 1 to 256"),
+    (lambda: KVCalculator("tiny", 128, batch=2.5), r"batch"),
+    (lambda: KVCalculator("tiny", 128, dtype="fp32"), r"unknown dtype 'fp32'; choose one of \['fp16', 'bf16'"),
+    (lambda: explorer_mod.Explorer("cpu", preset="tiny", prompt_len=4, new_tokens=4),
+     r"prompt_len=4 is outside the slider's range 8 to"),
+    (lambda: explorer_mod.Explorer("cpu", preset="tiny", prompt_len=16, new_tokens=500),
+     r"new_tokens=500 is outside the slider's range 2 to"),
+    (lambda: explorer_mod.Explorer("cpu", preset="tiny", batch=3), r"unknown batch int 3; choose one of \[1, 2, 4"),
+])
+def test_a_widget_refuses_a_starting_value_its_slider_would_clamp(call, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        call()

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from labutils import bench
+from labutils.bench import serving_rows
 from labutils.model.checkpoints import load_pretrained, save_hf_gpt2
 from labutils.serving.openai_client import OpenAIClient, Request
 from labutils.serving.vllm_server import ENABLE_HINT, VLLM_VENV, VLLMServer, vllm_python
@@ -16,7 +17,7 @@ from labutils.serving.vllm_server import ENABLE_HINT, VLLM_VENV, VLLMServer, vll
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 # The course's side of every comparison: labutils.serving.engine.Engine, through the bench row's function.
-course_outputs = bench.course_engine_outputs
+course_outputs = serving_rows.course_engine_outputs
 
 PROMPTS = [
     "Return the number of items in the list.",
@@ -62,11 +63,11 @@ def test_vllm_greedy_ids_equal_the_course_engine(served):
 def test_vllm_matches_on_the_bench_workload_and_the_row_runs(served):
     """The bench row's own code on a small seeded workload: random prompts, mixed lengths, all in flight."""
     server, client, model, enc = served
-    requests = bench.vllm_row_workload(model.config, n=6)
+    requests = serving_rows.vllm_row_workload(model.config, n=6)
     # Paused while the engine runs, the server must answer again afterwards (the row's server rounds).
-    row = bench.engine_vs_server(model, client, requests, bench.BenchSettings(rounds=1), setup="tiny model",
+    row = serving_rows.engine_vs_server(model, client, requests, bench.BenchSettings(rounds=1), setup="tiny model",
                                  pause_server=server.paused)
-    assert row.status in ("PASS", "FAIL") and row.target == bench.ENGINE_VS_VLLM_TARGET and row.ratio > 0
+    assert row.status in ("PASS", "FAIL") and row.target == serving_rows.ENGINE_VS_VLLM_TARGET and row.ratio > 0
     assert "same greedy ids for 6/6 requests" in row.detail
 
 

@@ -155,11 +155,15 @@ def check_dtype(name: str, value, allowed=None) -> str:
     return dtype_name
 
 
-def check_torch_dtype(name: str, value, allowed=None) -> torch.dtype:
-    """Any floating torch dtype (float64 too, for precision checks) or a dtype from the table (narrowed by
-    `allowed`); returns the torch dtype."""
-    if isinstance(value, torch.dtype) and value.is_floating_point and value not in dtypes.TORCH_DTYPES.values():
-        return value
+def parse_dtype(name: str, value, allowed=None) -> torch.dtype:
+    """The one dtype parse: a name ("bf16"), a numpy string or a torch dtype from the table (narrowed by `allowed`),
+    or any other floating torch dtype when nothing narrows it; returns the canonical torch.dtype.
+
+    Public functions call it once, where a learner's value comes in; what they call next takes the torch.dtype as
+    it is. check_dtype's rules and messages are this function's.
+    """
+    if allowed is None and isinstance(value, torch.dtype) and value.is_floating_point:
+        return value             # canonical already (the table's float dtypes are themselves)
     return dtypes.torch_dtype(check_dtype(name, value, allowed))
 
 
@@ -312,5 +316,5 @@ def check_timestamps(name: str, timestamps) -> list[float]:
 
 __all__ = ["DEVICE_KINDS", "DeviceUnavailableError", "DoesNotFitError", "check_cache", "check_choice", "check_count",
            "check_device", "check_dtype", "check_flag", "check_number", "check_positive", "check_probability",
-           "check_row", "check_seed", "check_temperature", "check_timestamps", "check_token_ids", "check_torch_dtype", "describe",
+           "check_row", "check_seed", "check_temperature", "check_timestamps", "check_token_ids", "parse_dtype", "describe",
            "device_available", "model_device", "model_dtype"]

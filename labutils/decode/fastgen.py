@@ -147,13 +147,16 @@ class FastDecoder:
         self.token = torch.zeros(batch_size, 1, dtype=torch.long, device=self.device)
         self.noise = (torch.ones(batch_size, cfg.vocab_size, device=self.device) if temperature > 0 else None)
 
-        if mode == "auto":
-            # CUDA: the graph. Elsewhere eager: no CUDA graphs, and inductor's compile takes longer
-            # on a CPU than a lesson's time budget allows (time it with mode="compile").
-            mode = "graph" if self.device.type == "cuda" and cache == "static" else "eager"
-        self.fallback = _unavailable(mode, self.device, cache)
-        self.mode = "eager" if self.fallback else mode
+        self.mode, self.fallback = _choose_mode(mode, self.device, cache)
         self._run: Callable[[], None] = self.step
+        self._build_runner()
+        self._reset()
+        self.setup_s = time.perf_counter() - t0
+
+    # -- the step and its runners ----------------------------------------------------------------
+
+    def _build_runner(self) -> None:
+        """Capture (graph) or compile the step once, counting the device memory it keeps; eager needs nothing."""
         before = _device_bytes(self.device)
         if self.mode == "graph":
             self._try(self._capture_graph, "CUDA graph capture")
@@ -162,11 +165,7 @@ class FastDecoder:
         if before is not None and self.mode != "eager":
             self.graph_bytes = _device_bytes(self.device) - before
         if self.fallback:
-            warnings.warn(f"fast decode: {self.fallback}", RuntimeWarning, stacklevel=3)
-        self._reset()
-        self.setup_s = time.perf_counter() - t0
-
-    # -- the step and its runners ----------------------------------------------------------------
+            warnings.warn(f"fast decode: {self.fallback}", RuntimeWarning, stacklevel=4)
 
     def step(self) -> None:
         """One eager decode step in place: reads self.token, writes the cache, leaves the next token in self.token."""
@@ -232,12 +231,8 @@ class FastDecoder:
         if B > self.batch_size:
             raise ValueError(f"a batch of {B} prompts does not fit this decoder's batch_size={self.batch_size}; "
                              "build a FastDecoder for that batch size (or use decoder_for)")
-        if B < self.batch_size:           # a smaller batch rides in the bucket: pad with copies of the first prompt
-            padded = torch.cat([ids, ids[:1].expand(self.batch_size - B, -1)])
-            inner = None if on_token is None else (lambda tokens: on_token(tokens[:B]))
-            result = self.generate(padded, max_new_tokens, seed=seed, on_token=inner)
-            result.tokens = result.tokens[:B]
-            return result
+        if B < self.batch_size:
+            return self._generate_padded(ids, max_new_tokens, seed, on_token)
         if T + n > self.max_len:
             raise ValueError(f"prompt ({T}) + max_new_tokens ({n}) = {T + n} positions do not fit the cache's "
                              f"max_len={self.max_len}; build a FastDecoder with a larger max_len or ask for fewer")
@@ -247,59 +242,97 @@ class FastDecoder:
         if self._used:
             self._reset()                 # zeroing the cache belongs to setup, not to this request's clock
         self._used = True
-        cuda = self.device.type == "cuda"
-        gen = None
-        if seed is not None and self.noise is not None:
-            gen = fake_cuda.generator(self.device, seed)
-        host = torch.empty((n, B), dtype=torch.long, pin_memory=fake_cuda.pin_memory(cuda))   # row i: step i's
-        if cuda:
-            start, events = fake_cuda.event(), [fake_cuda.event() for _ in range(n)]
-            fake_cuda.synchronize(self.device)    # the GPU starts idle, so its clock and the host's agree
-
-        t0 = time.perf_counter()
-        stamps: list[float] = []
-        if cuda:
-            start.record()                        # the request's start on the device clock
-            offset = time.perf_counter() - t0
-        pending: list[int] = []
-
-        def land(i: int) -> None:
-            """Step i's tokens are in self.token: copy them out without waiting, stamp them."""
-            host[i].copy_(self.token[:, 0], non_blocking=cuda)
-            if not cuda:                          # CPU ops are synchronous: the host clock is honest
-                stamps.append(time.perf_counter() - t0)
-                if on_token is not None:
-                    on_token(host[i])
-                return
-            events[i].record()
-            if on_token is not None:
-                pending.append(i)
-                while pending and events[pending[0]].query():   # query() asks; it does not wait
-                    on_token(host[pending.pop(0)])
-
-        def draw() -> None:
-            if self.noise is not None:
-                self.noise.exponential_(generator=gen).clamp_min_(1e-30)   # E = 0 would divide by zero
-
-        logits = self.model(ids, self.cache, check=False, last_only=True)[:, -1]   # prefill, eager
-        check_logits(logits)          # once per request: NaN weights would otherwise give token 0 forever
-        draw()
-        self.token.copy_(pick_token(logits, self.noise, **self.sampling)[:, None])
-        land(0)
-        for i in range(1, n):
-            draw()
-            self._run()
-            land(i)
-
-        if cuda:
-            for i in pending:
-                events[i].synchronize()
-                on_token(host[i])
-            events[n - 1].synchronize()
-            stamps = [offset + start.elapsed_time(events[i]) / 1e3 for i in range(n)]
-        tokens = host.t().contiguous()
+        gen = None if seed is None or self.noise is None else fake_cuda.generator(self.device, seed)
+        landing = _Landing(self.device, n, B, on_token)
+        self._decode(ids, n, gen, landing)
+        tokens, stamps = landing.finish()
         return FastGenerationResult(tokens, stamps, T, mode=self.mode, setup_s=self.setup_s,
                                     fallback=self.fallback, graph_bytes=self.graph_bytes)
+
+    def _generate_padded(self, ids, max_new_tokens, seed, on_token) -> FastGenerationResult:
+        """A smaller batch rides in this decoder's bucket: padded with copies of the first prompt, cut back after."""
+        B = ids.shape[0]
+        padded = torch.cat([ids, ids[:1].expand(self.batch_size - B, -1)])
+        inner = None if on_token is None else (lambda tokens: on_token(tokens[:B]))
+        result = self.generate(padded, max_new_tokens, seed=seed, on_token=inner)
+        result.tokens = result.tokens[:B]
+        return result
+
+    def _decode(self, ids: torch.Tensor, n: int, gen, landing: "_Landing") -> None:
+        """Prefill eagerly, then n - 1 steps through the runner; each step's tokens land as they come."""
+        landing.start()
+        logits = self.model(ids, self.cache, check=False, last_only=True)[:, -1]   # prefill, eager
+        check_logits(logits)          # once per request: NaN weights would otherwise give token 0 forever
+        self._draw(gen)
+        self.token.copy_(pick_token(logits, self.noise, **self.sampling)[:, None])
+        landing.land(0, self.token)
+        for i in range(1, n):
+            self._draw(gen)
+            self._run()
+            landing.land(i, self.token)
+
+    def _draw(self, gen) -> None:
+        """Fresh exponential noise for sampling on the device (greedy decoding has none)."""
+        if self.noise is not None:
+            self.noise.exponential_(generator=gen).clamp_min_(1e-30)   # E = 0 would divide by zero
+
+
+def _choose_mode(mode: str, device: torch.device, cache: str) -> tuple[str, str | None]:
+    """(the mode that will run, why it fell back to eager or None)."""
+    if mode == "auto":
+        # CUDA: the graph. Elsewhere eager: no CUDA graphs, and inductor's compile takes longer
+        # on a CPU than a lesson's time budget allows (time it with mode="compile").
+        mode = "graph" if device.type == "cuda" and cache == "static" else "eager"
+    fallback = _unavailable(mode, device, cache)
+    return ("eager" if fallback else mode), fallback
+
+
+class _Landing:
+    """Where each step's tokens go: a pinned host buffer, a timestamp per step, on_token as soon as they are there.
+
+    On a CPU ops are synchronous, so the host clock is honest. On CUDA the copies are asynchronous: an event per
+    step is recorded and read at the end, and on_token runs for the steps whose events say they landed, so no
+    step waits for a copy.
+    """
+
+    def __init__(self, device: torch.device, n: int, batch: int, on_token):
+        self.cuda, self.on_token, self.n = device.type == "cuda", on_token, n
+        self.host = torch.empty((n, batch), dtype=torch.long, pin_memory=fake_cuda.pin_memory(self.cuda))  # row i: step i
+        self.stamps: list[float] = []
+        self.pending: list[int] = []
+        if self.cuda:
+            self.begin, self.events = fake_cuda.event(), [fake_cuda.event() for _ in range(n)]
+            fake_cuda.synchronize(device)     # the GPU starts idle, so its clock and the host's agree
+
+    def start(self) -> None:
+        self.t0 = time.perf_counter()
+        if self.cuda:
+            self.begin.record()               # the request's start on the device clock
+            self.offset = time.perf_counter() - self.t0
+
+    def land(self, i: int, token: torch.Tensor) -> None:
+        """Step i's tokens are in `token` [batch, 1]: copy them out without waiting, stamp them."""
+        self.host[i].copy_(token[:, 0], non_blocking=self.cuda)
+        if not self.cuda:
+            self.stamps.append(time.perf_counter() - self.t0)
+            if self.on_token is not None:
+                self.on_token(self.host[i])
+            return
+        self.events[i].record()
+        if self.on_token is not None:
+            self.pending.append(i)
+            while self.pending and self.events[self.pending[0]].query():   # query() asks; it does not wait
+                self.on_token(self.host[self.pending.pop(0)])
+
+    def finish(self) -> tuple[torch.Tensor, list[float]]:
+        """(tokens [batch, n] on the CPU, seconds from the request's start to each step's tokens)."""
+        if self.cuda:
+            for i in self.pending:
+                self.events[i].synchronize()
+                self.on_token(self.host[i])
+            self.events[self.n - 1].synchronize()
+            self.stamps = [self.offset + self.begin.elapsed_time(self.events[i]) / 1e3 for i in range(self.n)]
+        return self.host.t().contiguous(), self.stamps
 
 
 @torch.no_grad()

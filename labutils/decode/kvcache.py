@@ -8,7 +8,7 @@ import dataclasses
 
 import torch
 
-from labutils.core.validate import (DEVICE_KINDS, DoesNotFitError, check_count, check_device, check_torch_dtype,
+from labutils.core.validate import (DEVICE_KINDS, DoesNotFitError, check_count, check_device, parse_dtype,
                                     describe)
 
 
@@ -27,7 +27,7 @@ def cache_args(config, batch_size, max_len, device, dtype):
                                "has no row for later positions")
     batch_size = check_count("batch_size", batch_size, 1)
     device = None if device is None else check_device("device", device, DEVICE_KINDS + ("meta",))
-    dtype = check_torch_dtype("dtype", dtype)
+    dtype = parse_dtype("dtype", dtype)
     need = _cache_bytes(config, batch_size, max_len, dtype)
     free = None
     if need < 2 ** 62 and (device is None or device.type != "meta"):
@@ -39,17 +39,12 @@ def cache_args(config, batch_size, max_len, device, dtype):
 
 
 def _cache_bytes(config, batch_size: int, max_len: int, dtype: torch.dtype) -> int:
-    from labutils.core.dtypes import TORCH_DTYPES
     from labutils.perf.roofline import kv_cache_bytes
     if getattr(config, "sliding_window", None) is not None:
         # These buffers keep all max_len positions (no rolling buffer: the course's GPT attends to every one),
         # so a preset's sliding window does not shrink them.
         config = dataclasses.replace(config, sliding_window=None)
-    if dtype in TORCH_DTYPES.values():
-        return kv_cache_bytes(config, max_len, batch_size, dtype)
-    # A floating dtype outside the course's table (an fp8 variant such as e4m3fnuz, say): the same count at its
-    # element size. (float64 is in the table now, for the precision checks.)
-    return kv_cache_bytes(config, max_len, batch_size, "fp32") // 4 * dtype.itemsize
+    return kv_cache_bytes(config, max_len, batch_size, dtype)      # any torch dtype counts at its itemsize
 
 
 def does_not_fit(config, batch_size, max_len, device, dtype, free=None) -> str:

@@ -8,7 +8,7 @@ from collections import OrderedDict
 import torch
 
 from labutils.perf import quiet, roofline
-from labutils.core.dtypes import COMPUTE_DTYPES, dtype_name, torch_dtype
+from labutils.core.dtypes import COMPUTE_DTYPES, dtype_name
 from labutils.decode.loop import generate
 from labutils.core.devices import default_dtype, free_memory_bytes, is_oom, pick_device
 from labutils.decode.kvcache import KVCache
@@ -17,7 +17,7 @@ from labutils.model.gpt import GPT, GPTConfig
 from labutils.perf.peaks import measured_peaks
 from labutils.model.presets import PRESETS
 from labutils.core.progress_bar import Steps
-from labutils.core.validate import check_choice, check_count, check_device, check_dtype, check_seed
+from labutils.core.validate import check_choice, check_count, check_device, check_seed, parse_dtype
 
 # On a CPU, building a multi-billion-parameter model means minutes of random initialisation,
 # so the bigger shapes are offered only on a GPU.
@@ -73,15 +73,24 @@ def model_config(preset: str, context_length: int | None = None) -> GPTConfig:
     return GPTConfig.preset(preset, context_length=check_count("context_length", context_length, 1))
 
 
+def _parse_dtype(dtype) -> torch.dtype:
+    """The one parse of a learner's dtype in this module: a name ("bf16") or torch dtype a model computes in."""
+    return parse_dtype("dtype", dtype, COMPUTE_DTYPES)
+
+
 def memory_needed(preset: str, prompt_len: int, new_tokens: int, batch: int = 1, dtype: str = "fp32",
                   context_length: int | None = None) -> int:
     """Rough peak bytes of one request: weights + KV cache + the prefill's largest activations."""
     cfg = model_config(preset, context_length)
     prompt_len, new_tokens = check_count("prompt_len", prompt_len, 1), check_count("new_tokens", new_tokens, 1)
-    batch, dtype = check_count("batch", batch, 1), check_dtype("dtype", dtype, COMPUTE_DTYPES)
-    elem = torch_dtype(dtype).itemsize
+    batch, dtype = check_count("batch", batch, 1), _parse_dtype(dtype)
+    return _memory_needed(cfg, prompt_len, new_tokens, batch, dtype)
+
+
+def _memory_needed(cfg: GPTConfig, prompt_len: int, new_tokens: int, batch: int, dtype: torch.dtype) -> int:
+    elem = dtype.itemsize
     weights = roofline.weight_bytes(cfg, dtype)
-    build = weights + (roofline.weight_bytes(cfg, "fp32") if elem != 4 else 0)   # made in fp32, then cast
+    build = weights + (roofline.weight_bytes(cfg, torch.float32) if elem != 4 else 0)   # made in fp32, then cast
     kv = roofline.kv_cache_bytes(cfg, prompt_len + new_tokens, batch, dtype)
     tokens = batch * prompt_len
     logits = batch * cfg.vocab_size * (elem + 4)        # the last position only (GPT.forward(last_only=True))
@@ -97,8 +106,8 @@ def preset_choices(device) -> tuple[list[str], list[str]]:
     for name, shape in PRESETS.items():
         if device.type == "cpu" and name not in CPU_PRESETS:
             continue
-        smallest = 2 if device.type != "cpu" else 4          # on a CPU fp32 is the dtype worth timing
-        need = memory_needed(name, 1, 1, 1, "fp16" if smallest == 2 else "fp32")
+        smallest = torch.float16 if device.type != "cpu" else torch.float32   # on a CPU fp32 is worth timing
+        need = _memory_needed(model_config(name), 1, 1, 1, smallest)
         if need < 0.8 * free:
             offered.append(name)
         else:
@@ -112,20 +121,30 @@ def check_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 1,
                   device="cpu", context_length: int | None = None) -> None:
     """Raise a ValueError that names the problem and the way out, before anything is allocated."""
     cfg = model_config(preset, context_length)      # unknown preset -> ValueError listing the names
-    prompt_len, batch = check_count("prompt_len", prompt_len, 1), check_count("batch", batch, 1)
-    new_tokens = check_count("new_tokens", new_tokens, 2, hint="TPOT needs at least two output tokens")
-    dtype = check_dtype("dtype", dtype, COMPUTE_DTYPES)
-    if dtype not in dtype_choices(device):
-        raise ValueError(f"{dtype} is not supported on {torch.device(device).type}; "
+    batch = check_count("batch", batch, 1)
+    prompt_len, new_tokens = _check_lengths(prompt_len, new_tokens)
+    _check_request(preset, cfg, prompt_len, new_tokens, batch, _parse_dtype(dtype), device, context_length)
+
+
+def _check_lengths(prompt_len, new_tokens) -> tuple[int, int]:
+    return (check_count("prompt_len", prompt_len, 1),
+            check_count("new_tokens", new_tokens, 2, hint="TPOT needs at least two output tokens"))
+
+
+def _check_request(preset: str, cfg: GPTConfig, prompt_len: int, new_tokens: int, batch: int, dtype: torch.dtype,
+                   device, context_length: int | None) -> None:
+    name = dtype_name(dtype)
+    if name not in dtype_choices(device):
+        raise ValueError(f"{name} is not supported on {torch.device(device).type}; "
                          f"choose one of {dtype_choices(device)}")
     if prompt_len + new_tokens > cfg.context_length:
         raise ValueError(f"prompt ({prompt_len}) + output ({new_tokens}) = {prompt_len + new_tokens} tokens exceed "
                          f"{preset}'s context length {cfg.context_length}; shorten one of them"
                          + ("" if context_length else " (or pass context_length= for a longer position table)"))
-    need = memory_needed(preset, prompt_len, new_tokens, batch, dtype, context_length)
+    need = _memory_needed(cfg, prompt_len, new_tokens, batch, dtype)
     free = free_bytes(device)
     if need > 0.9 * free:
-        raise ValueError(f"{preset} in {dtype} with batch {batch} and {prompt_len}+{new_tokens} tokens needs about "
+        raise ValueError(f"{preset} in {name} with batch {batch} and {prompt_len}+{new_tokens} tokens needs about "
                          f"{need / 1e9:.1f} GB, but only {free / 1e9:.1f} GB is free on {torch.device(device).type}; "
                          "choose a smaller preset, a 2-byte dtype, a smaller batch or fewer tokens"
                          + (f" (context_length={context_length} sets the position table)" if context_length else ""))
@@ -133,24 +152,28 @@ def check_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 1,
 
 def get_model(preset: str, dtype: str = "fp32", device="cpu", context_length: int | None = None) -> GPT:
     """A random-weight GPT of the preset's shape, built once per (preset, dtype, device, context) and cached."""
-    model_config(preset, context_length)          # the preset and context, checked before anything is built
-    dtype, device = check_dtype("dtype", dtype, COMPUTE_DTYPES), check_device("device", device)
+    cfg = model_config(preset, context_length)    # the preset and context, checked before anything is built
+    return _get_model(preset, cfg, _parse_dtype(dtype), check_device("device", device), context_length)
+
+
+def _get_model(preset: str, cfg: GPTConfig, dtype: torch.dtype, device: torch.device,
+               context_length: int | None) -> GPT:
     key = (preset, dtype, str(device), context_length)
     if key in _MODELS:
         _MODELS.move_to_end(key)
         return _MODELS[key]
     while len(_MODELS) >= MAX_CACHED_MODELS:
         clear_models(1)
-    need = memory_needed(preset, 1, 1, 1, dtype, context_length)
+    need = _memory_needed(cfg, 1, 1, 1, dtype)
     while _MODELS and need > 0.9 * (free_bytes(device) - sum(roofline.weight_bytes(m) for m in _MODELS.values())):
         clear_models(1)           # make room: drop the least recently used model
     free = free_bytes(device)
     if need > 0.9 * free:         # refused before anything is allocated: a 7B model in fp32 would kill the kernel
-        raise ValueError(f"{preset} in {dtype} needs about {need / 1e9:.1f} GB to build, but only "
+        raise ValueError(f"{preset} in {dtype_name(dtype)} needs about {need / 1e9:.1f} GB to build, but only "
                          f"{free / 1e9:.1f} GB is free on {device.type}; choose a smaller preset"
-                         + (", or a 2-byte dtype on a GPU" if dtype == "fp32" else ""))
+                         + (", or a 2-byte dtype on a GPU" if dtype == torch.float32 else ""))
     with torch.device(device):    # on a GPU the random initialisation runs there, which is much faster
-        model = GPT(model_config(preset, context_length)).to(torch_dtype(dtype)).eval()
+        model = GPT(cfg).to(dtype).eval()
     # One short untimed request: the first call pays one-off costs (allocator, kernel selection).
     generate(model, torch.zeros(1, 4, dtype=torch.long), 2)
     _MODELS[key] = model
@@ -187,15 +210,21 @@ def measure_requests(preset: str, settings, batch: int = 1, dtype: str = "fp32",
     """measure_request for several (prompt_len, new_tokens) settings of one model, run in turn, round after
     round (A B C A B C ...): a slow patch of a noisy machine then lands on every setting alike, so the
     ratios between their rows hold. One row per setting, as measure_request returns it."""
+    # Every argument is parsed here, once; what follows takes the canonical values (a torch.dtype, a torch.device,
+    # ints) as they are.
     device = check_device("device", device)
     settings = [tuple(s) for s in settings]
     if not settings or any(len(s) != 2 for s in settings):
         raise ValueError(f"settings must be (prompt_len, new_tokens) pairs, got {settings!r}")
+    cfg = model_config(preset, context_length)
+    batch = check_count("batch", batch, 1)
+    settings = [_check_lengths(prompt_len, new_tokens) for prompt_len, new_tokens in settings]
+    dtype = _parse_dtype(dtype)
     for prompt_len, new_tokens in settings:
-        check_request(preset, prompt_len, new_tokens, batch, dtype, device, context_length)
+        _check_request(preset, cfg, prompt_len, new_tokens, batch, dtype, device, context_length)
     rounds, seed = check_count("rounds", rounds, 1, 1000), check_seed(seed)
     try:
-        model = get_model(preset, dtype, device, context_length)
+        model = _get_model(preset, cfg, dtype, device, context_length)
         ids = [torch.randint(0, model.config.vocab_size, (batch, p), generator=torch.Generator().manual_seed(seed))
                for p, _ in settings]
         generate(model, ids[0][:, :min(settings[0][0], 16)], 2)     # warm this batch size up, untimed
@@ -212,15 +241,16 @@ def measure_requests(preset: str, settings, batch: int = 1, dtype: str = "fp32",
         if not is_oom(err):
             raise
         clear_models()
-        raise RuntimeError(f"{device.type} ran out of memory for {preset} in {dtype}, batch {batch}, "
+        raise RuntimeError(f"{device.type} ran out of memory for {preset} in {dtype_name(dtype)}, batch {batch}, "
                            f"{max(p for p, _ in settings)}+{max(n for _, n in settings)} tokens; the cached models "
                            "were freed. Choose a smaller setting") from None
-    peaks = measured_peaks(device, torch_dtype(dtype)) if peaks is None else peaks
+    peaks = measured_peaks(device, dtype) if peaks is None else peaks
     return [_request_row(preset, model.config, p, n, batch, dtype, device, mine, peaks)
             for (p, n), mine in zip(settings, runs)]
 
 
-def _request_row(preset, cfg, prompt_len: int, new_tokens: int, batch: int, dtype: str, device, runs, peaks) -> dict:
+def _request_row(preset, cfg, prompt_len: int, new_tokens: int, batch: int, dtype: torch.dtype, device, runs,
+                 peaks) -> dict:
     """One setting's runs -> measure_request's row: medians of TTFT and TPOT, the median-latency run's timestamps."""
     ttft = statistics.median(r.ttft_s for r in runs)
     tpot = statistics.median(r.tpot_s for r in runs)
@@ -235,7 +265,7 @@ def _request_row(preset, cfg, prompt_len: int, new_tokens: int, batch: int, dtyp
                        mfu_prefill=roofline.mfu(prefill_flops, ttft, peaks.flops, warn=False),
                        mfu_decode=roofline.mfu(decode_flops, tpot, peaks.flops, warn=False))
     return dict(
-        preset=preset, dtype=dtype, device=str(device), device_name=peaks.device_name, batch=batch,
+        preset=preset, dtype=dtype_name(dtype), device=str(device), device_name=peaks.device_name, batch=batch,
         prompt_len=prompt_len, new_tokens=new_tokens, context_length=cfg.context_length,
         ttft_s=ttft, tpot_s=tpot, latency_s=typical.latency_s, timestamps=list(typical.timestamps),
         throughput_tok_s=batch * new_tokens / typical.latency_s,     # output tokens/s over the request
@@ -282,14 +312,15 @@ def roofline_point(preset: str, phase: str, n: int, dtype: str = "fp32", device=
                    repeats: int = 5) -> dict:
     """Time one pass (see time_pass) and place it on the roofline: FLOPs, bytes, intensity, achieved rates."""
     check_choice("phase", phase, ("prefill", "decode"))
-    model = get_model(preset, dtype, device)
+    dtype = _parse_dtype(dtype)
+    model = _get_model(preset, model_config(preset), dtype, check_device("device", device), None)
     seconds = time_pass(model, phase, n, pos=pos, repeats=repeats)
     cfg = model.config
     if phase == "prefill":
         flops, nbytes = roofline.prefill_flops(cfg, n), roofline.prefill_bytes(cfg, n, 1, dtype)
     else:
         flops, nbytes = roofline.decode_flops(cfg, pos, n), roofline.decode_bytes(cfg, pos, n, dtype)
-    return dict(preset=preset, phase=phase, n=n, pos=pos, dtype=dtype, device=str(device), seconds=seconds,
+    return dict(preset=preset, phase=phase, n=n, pos=pos, dtype=dtype_name(dtype), device=str(device), seconds=seconds,
                 flops=flops, bytes=nbytes, intensity=roofline.arithmetic_intensity(flops, nbytes),
                 achieved_flops=flops / seconds, achieved_Bps=nbytes / seconds,
                 tokens_per_s=n / seconds)          # n prompt tokens, or one new token for each of n sequences

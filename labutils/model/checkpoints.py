@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from labutils.model.safe_load import read_json, read_weights, torch_load, warn_nonfinite
-from labutils.core.validate import check_device, check_torch_dtype, describe
+from labutils.core.validate import check_device, parse_dtype, describe
 from labutils.core.paths import data_dir
 from labutils.model.gpt import GPT, GPTConfig
 
@@ -80,7 +80,7 @@ def load_hf_gpt2(path: str | Path, device=None, dtype: torch.dtype = torch.float
     """
     # Parsed here, once: a device this machine has, a float dtype ("fp16" or torch.float16), before any file is read.
     device = None if device is None else check_device("device", device)
-    dtype = check_torch_dtype("dtype", dtype)
+    dtype = parse_dtype("dtype", dtype)
     path = Path(path)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} has no config.json; point load_hf_gpt2 at a save_pretrained folder")

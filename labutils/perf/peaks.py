@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from labutils.perf import quiet
-from labutils.core.devices import resolve_device as resolve_device, default_dtype, describe_device
+from labutils.core.devices import resolve_device, default_dtype, describe_device
 from labutils.perf.probes import measure_bandwidth, measure_matmul_flops
 from labutils.perf.roofline import ridge_point
 from labutils.core.progress_bar import Steps

@@ -6,9 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from labutils.core.dtypes import dtype_bytes
 from labutils.model.presets import ModelShape, get_shape
-from labutils.core.validate import check_count, check_dtype, check_flag, check_number, check_positive, describe
+from labutils.core.validate import check_count, check_flag, check_number, check_positive, describe, parse_dtype
 
 # Conventions (one place, so every lesson counts the same way):
 # - A token's forward multiplies by every weight in the blocks and by the output layer: 2 FLOPs per weight
@@ -60,6 +59,12 @@ def counts(x) -> Counts:
     return Counts(n_params, body, head, C * (2 if learned_pos else 1), cfg.n_layer, C, cfg)
 
 
+def _dtype(value, name: str = "dtype") -> torch.dtype:
+    """A torch.dtype is canonical: its itemsize is its bytes, so it is used as it comes. Anything else (a name such
+    as "fp16", a numpy string) is parsed here, once, at the public function a learner called."""
+    return value if isinstance(value, torch.dtype) else parse_dtype(name, value)
+
+
 def _tensor_bytes(tensors) -> int:
     unique = {id(t): t for t in tensors}            # a tied tensor is counted once
     return sum(t.numel() * t.element_size() for t in unique.values())
@@ -89,7 +94,7 @@ def weight_bytes(x, dtype=None) -> int:
         if dtype is not None:
             raise ValueError("a model's weight bytes are its tensors' own; pass dtype only with a config or preset")
         return _tensor_bytes(_model_tensors(x))
-    return counts(x).n_params * dtype_bytes(check_dtype("dtype", "fp16" if dtype is None else dtype))
+    return counts(x).n_params * _dtype(torch.float16 if dtype is None else dtype).itemsize
 
 
 def step_weight_bytes(x, tokens_per_seq: int = 1, batch: int = 1, dtype=None) -> int:
@@ -108,7 +113,7 @@ def step_weight_bytes(x, tokens_per_seq: int = 1, batch: int = 1, dtype=None) ->
         table_bytes = _tensor_bytes(t for t in tables if id(t) not in head_ids)
         body = weight_bytes(x) - head - table_bytes
         return body + head + rows * c.row_params * x.tok_emb.weight.element_size()
-    elem = dtype_bytes(check_dtype("dtype", "fp16" if dtype is None else dtype))
+    elem = _dtype(torch.float16 if dtype is None else dtype).itemsize
     return (c.body_params + c.head_params + rows * c.row_params) * elem
 
 
@@ -117,7 +122,7 @@ def step_weight_bytes(x, tokens_per_seq: int = 1, batch: int = 1, dtype=None) ->
 def kv_bytes_per_token(x, dtype=torch.float16) -> int:
     """Cache bytes one token adds to one sequence: 2 (K and V) x layers x kv_heads x head_dim x bytes."""
     shape = counts(x).kv_shape
-    return 2 * shape.n_layer * shape.n_kv_head * shape.head_dim * dtype_bytes(check_dtype("dtype", dtype))
+    return 2 * shape.n_layer * shape.n_kv_head * shape.head_dim * _dtype(dtype).itemsize
 
 
 def sliding_window(x) -> int | None:
@@ -156,15 +161,16 @@ def tokens_where_cache_exceeds_weights(x, batch_size: int = 1, dtype=torch.float
     stops the cache growing below the weights (Mistral-7B at batch 1).
     """
     batch_size = check_count("batch_size", batch_size, 1)
-    check_dtype("weight_dtype", weight_dtype)
+    dtype, weight_dtype = _dtype(dtype), _dtype(weight_dtype, "weight_dtype")
     tokens = weight_bytes(x, weight_dtype) // (kv_bytes_per_token(x, dtype) * batch_size) + 1
     window = sliding_window(x)
     return None if window is not None and tokens > window else tokens
 
 
-def _kv_dtype(x, dtype):
+def _kv_dtype(x, dtype) -> torch.dtype:
+    """The cache's dtype: the one given, else a model's float dtype, else fp16 (a config or preset)."""
     if dtype is not None:
-        return dtype
+        return _dtype(dtype)
     return _float_dtype(x) if _is_model(x) else torch.float16
 
 
@@ -212,16 +218,16 @@ def prefill_bytes(x, prompt_len: int, batch: int = 1, dtype=None) -> int:
     `dtype` is the weights' and cache's (default fp16) for a config or preset; a model's weights count as
     stored, and its cache in `dtype` (default: the model's float dtype).
     """
-    prompt_len = check_count("prompt_len", prompt_len, 1)
+    prompt_len, dtype = check_count("prompt_len", prompt_len, 1), _kv_dtype(x, dtype)
     weights = step_weight_bytes(x, prompt_len, batch, None if _is_model(x) else dtype)
-    return weights + kv_cache_bytes(x, prompt_len, batch, _kv_dtype(x, dtype))
+    return weights + kv_cache_bytes(x, prompt_len, batch, dtype)
 
 
 def decode_bytes(x, pos: int, batch: int = 1, dtype=None) -> int:
     """Bytes one decode step reads: every weight once (shared by the batch) + `pos` KV-cache entries per sequence."""
-    pos = check_count("pos", pos, 0)
+    pos, dtype = check_count("pos", pos, 0), _kv_dtype(x, dtype)
     weights = step_weight_bytes(x, 1, batch, None if _is_model(x) else dtype)
-    return weights + kv_cache_bytes(x, pos, batch, _kv_dtype(x, dtype))
+    return weights + kv_cache_bytes(x, pos, batch, dtype)
 
 
 def linear_flops(n_out: int, n_in: int, batch: int = 1) -> int:
@@ -237,7 +243,7 @@ def linear_bytes(n_out: int, n_in: int, batch: int = 1, dtype=torch.float32) -> 
     which is why a GEMM's intensity stays below "batch FLOPs per weight byte".
     """
     n_out, n_in, batch = (check_count(name, v, 1) for name, v in (("n_out", n_out), ("n_in", n_in), ("batch", batch)))
-    return (n_out * n_in + batch * (n_in + n_out)) * dtype_bytes(check_dtype("dtype", dtype))
+    return (n_out * n_in + batch * (n_in + n_out)) * _dtype(dtype).itemsize
 
 
 # ---- intensity, floors and utilization -------------------------------------------------------------------------
@@ -290,8 +296,9 @@ def knee_batch(x, pos: int, dtype=None, *, bandwidth_Bps: float, peak_flops: flo
     reached: compute-bound) and its KV-cache bytes / bandwidth (the cache reads dominate: still memory-bound),
     so throughput flattens at 1 / that. The knee is (step time at batch 1) / (time per extra sequence).
     """
+    dtype = _kv_dtype(x, dtype)
     step_1 = decode_step_s(x, pos, 1, dtype, bandwidth_Bps=bandwidth_Bps, peak_flops=peak_flops)
-    per_seq = max(decode_flops(x, pos, 1) / peak_flops, kv_cache_bytes(x, pos, 1, _kv_dtype(x, dtype)) / bandwidth_Bps)
+    per_seq = max(decode_flops(x, pos, 1) / peak_flops, kv_cache_bytes(x, pos, 1, dtype) / bandwidth_Bps)
     return step_1 / per_seq
 
 

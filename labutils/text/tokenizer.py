@@ -215,16 +215,55 @@ def load_encoding(path: str | Path, name: str | None = None) -> tiktoken.Encodin
     """Read an encoding written by save_encoding (the .tiktoken file and the .json beside it)."""
     path = Path(path).with_suffix(".tiktoken")
     if not path.exists():
-        raise FileNotFoundError(f"no encoding at {path}; run `python -m labutils.text.tokenizer` to rebuild it")
-    meta = json.loads(path.with_suffix(".json").read_text())
+        raise FileNotFoundError(f"no encoding at {path}; run `{REBUILD}` to rebuild it")
+    meta = _read_meta(path.with_suffix(".json"))
     body = path.read_bytes()
     if hashlib.sha256(body).hexdigest() != meta["sha256"]:
         raise ValueError(f"{path} does not match the sha256 in {path.with_suffix('.json')}; rebuild it")
     # Parsed here rather than with tiktoken.load.load_tiktoken_bpe, which keeps a copy in a temp
     # cache keyed by path and would serve a stale file after a retrain.
-    ranks = {base64.b64decode(tok): int(rank) for tok, rank in (line.split() for line in body.splitlines())}
-    return tiktoken.Encoding(name=name or meta["name"], pat_str=meta["pat_str"], mergeable_ranks=ranks,
-                             special_tokens=meta["special_tokens"], explicit_n_vocab=meta["n_vocab"])
+    ranks = {}
+    for number, line in enumerate(body.splitlines(), 1):
+        try:
+            token, rank = line.split()
+            ranks[base64.b64decode(token, validate=True)] = int(rank)
+        except ValueError:        # a wrong field count, bad base64 (binascii.Error) or a rank that is no number
+            raise ValueError(f"{path}, line {number}: expected '<base64 token> <rank>', got {line[:60]!r}; "
+                             f"the file was edited by hand or cut short: rebuild it ({REBUILD})") from None
+    try:
+        return tiktoken.Encoding(name=name or meta["name"], pat_str=meta["pat_str"], mergeable_ranks=ranks,
+                                 special_tokens=meta["special_tokens"], explicit_n_vocab=meta["n_vocab"])
+    except (ValueError, AssertionError) as err:    # tiktoken: a broken pattern, or n_vocab that does not add up
+        raise ValueError(f"{path} and {path.with_suffix('.json')} do not make an encoding "
+                         f"({type(err).__name__}: {str(err)[:120]}); rebuild it ({REBUILD})") from None
+
+
+REBUILD = "python -m labutils.text.tokenizer"
+META_KEYS = {"name": str, "pat_str": str, "special_tokens": dict, "n_vocab": int, "sha256": str}
+
+
+def _read_meta(path: Path) -> dict:
+    """The .json beside a .tiktoken file, every key there and of its type, or a ValueError naming what is wrong."""
+    if not path.exists():
+        raise FileNotFoundError(f"no {path} beside its .tiktoken file; rebuild the encoding ({REBUILD})")
+    try:
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); rebuild the encoding ({REBUILD})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path} must hold a JSON object with keys {sorted(META_KEYS)}, got {describe(meta)}")
+    missing = [k for k in META_KEYS if k not in meta]
+    wrong = [f"{k} (should be {kind.__name__}, got {describe(meta[k])})" for k, kind in META_KEYS.items()
+             if k in meta and (not isinstance(meta[k], kind) or isinstance(meta[k], bool))]
+    specials = meta.get("special_tokens", {})
+    if isinstance(specials, dict) and not all(isinstance(k, str) and type(v) is int for k, v in specials.items()):
+        wrong.append("special_tokens (token text -> int id)")
+    if missing or wrong:
+        raise ValueError(f"{path} was edited by hand or written by another version: "
+                         + "; ".join(filter(None, [f"missing {missing}" if missing else "",
+                                                   f"wrong type: {', '.join(wrong)}" if wrong else ""]))
+                         + f". Rebuild it ({REBUILD}) or restore it from git")
+    return meta
 
 
 @functools.lru_cache(maxsize=None)

@@ -14,7 +14,8 @@ from labutils.core.dtypes import torch_dtype
 from labutils.core.devices import pick_device
 from labutils.perf.peaks import measured_peaks
 from labutils.model.gpt import GPTConfig
-from labutils.core.validate import check_row
+from labutils.core.validate import check_choice, check_count, check_row
+from labutils.widgets.controls import IntSlider
 from labutils.widgets.debounce import Latest
 from labutils.widgets.plot import Plot
 
@@ -58,13 +59,15 @@ class Explorer(w.VBox):
         self.preset = w.Dropdown(options=presets, value=preset, description="model shape", style=style, layout=wide)
         self.dtype = w.Dropdown(options=measure.dtype_choices(device), value=dtype, description="dtype",
                                 style=style, layout=wide)
-        self.batch = w.SelectionSlider(options=list(BATCHES), value=batch, description="batch",
+        self.batch = w.SelectionSlider(options=list(BATCHES), value=check_choice("batch", batch, BATCHES),
+                                       description="batch",
                                        continuous_update=False, style=style, layout=wide)
-        self.prompt_len = w.IntSlider(value=prompt_len, min=8, max=MAX_PROMPT, step=8,
-                                      description="prompt tokens", continuous_update=False, style=style,
-                                      layout=wide)
-        self.new_tokens = w.IntSlider(value=new_tokens, min=2, max=MAX_NEW, step=2, description="output tokens",
-                                      continuous_update=False, style=style, layout=wide)
+        self.prompt_len = IntSlider(name="prompt_len", value=check_count("prompt_len", prompt_len), min=8,
+                                    max=MAX_PROMPT, step=8, description="prompt tokens", continuous_update=False,
+                                    style=style, layout=wide)
+        self.new_tokens = IntSlider(name="new_tokens", value=check_count("new_tokens", new_tokens), min=2,
+                                    max=MAX_NEW, step=2, description="output tokens", continuous_update=False,
+                                    style=style, layout=wide)
         self.again = w.Button(description="measure again", icon="refresh",
                               layout=w.Layout(width="auto", flex="0 0 auto"),    # a fixed width cut the caption
                               tooltip="forget the cached result of this setting and measure it again")

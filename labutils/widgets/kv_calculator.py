@@ -9,7 +9,8 @@ import plotly.graph_objects as go
 from labutils.perf.roofline import (kv_bytes_per_token, kv_cache_bytes, kv_positions, sliding_window,
                                     tokens_where_cache_exceeds_weights, weight_bytes)
 from labutils.model.presets import PRESETS, get_shape
-from labutils.core.validate import check_count, check_dtype
+from labutils.core.validate import check_choice, check_count, check_dtype
+from labutils.widgets.controls import IntSlider
 from labutils.widgets.plot import Plot
 from labutils.figures.kv import GB, cache_curve
 
@@ -82,11 +83,12 @@ class KVCalculator(w.VBox):
         get_shape(preset)      # an unknown name fails here, loudly, before any widget exists
         style, wide = {"description_width": "90px"}, w.Layout(width="420px")
         self.preset = w.Dropdown(options=list(PRESETS), value=preset, description="model", style=style, layout=wide)
-        self.context = w.IntSlider(value=context, min=1, max=MAX_CONTEXT, step=1, description="context",
-                                   continuous_update=False, style=style, layout=wide)
-        self.batch = w.IntSlider(value=batch, min=1, max=256, description="batch", continuous_update=False,
-                                 style=style, layout=wide)
-        self.dtype = w.ToggleButtons(options=list(CACHE_DTYPES), value=dtype, description="cache dtype",
+        self.context = IntSlider(name="context", value=check_count("context", context), min=1, max=MAX_CONTEXT,
+                                 step=1, description="context", continuous_update=False, style=style, layout=wide)
+        self.batch = IntSlider(name="batch", value=check_count("batch", batch), min=1, max=256, description="batch",
+                               continuous_update=False, style=style, layout=wide)
+        self.dtype = w.ToggleButtons(options=list(CACHE_DTYPES), value=check_choice("dtype", dtype, CACHE_DTYPES),
+                                     description="cache dtype",
                                      style={"description_width": "90px", "button_width": "60px"})
         self.summary = w.HTML()
         self.fig = Plot(_empty_figure())

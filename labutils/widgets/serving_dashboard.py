@@ -9,6 +9,8 @@ from labutils.perf import quiet
 from labutils.serving.engine import DEFAULT_BATCHED_TOKENS, Served, serve
 from labutils.figures.serving import gantt_figure
 from labutils.serving.workload import Workload, make_workload
+from labutils.core.validate import check_count
+from labutils.widgets.controls import IntSlider
 from labutils.widgets.plot import Plot
 
 
@@ -59,13 +61,14 @@ class ServingDashboard(w.VBox):
         self.rate = w.FloatLogSlider(value=50, base=10, min=0, max=3, step=0.05, description="arrivals / s",
                                      style=style, layout=wide)
         self.at_once = w.Checkbox(value=False, description="all at t=0", indent=False)
-        self.slots = w.IntSlider(value=8, min=1, max=64, description="batch slots", style=style, layout=wide)
+        self.slots = IntSlider(name="slots", value=8, min=1, max=64, description="batch slots", style=style,
+                               layout=wide)
         self.prompt = w.IntRangeSlider(value=(8, min(64, ctx // 2)), min=1, max=ctx, description="prompt tokens",
                                        style=style, layout=wide)
         self.output = w.IntRangeSlider(value=(8, min(64, ctx // 4)), min=1, max=ctx, description="output tokens",
                                        style=style, layout=wide)
-        self.prefix = w.IntSlider(value=0, min=0, max=ctx, step=16, description="shared prefix",
-                                  style=style, layout=wide)
+        self.prefix = IntSlider(name="prefix", value=0, min=0, max=ctx, step=16, description="shared prefix",
+                                style=style, layout=wide)
         self.caching = w.Checkbox(value=True, description="prefix caching", indent=False)
         # The token budget per step (lesson 11). Without chunking the engine's own budget holds a whole prompt,
         # so the slider has nothing to say and is greyed out.
@@ -73,7 +76,8 @@ class ServingDashboard(w.VBox):
         self.budget = w.SelectionSlider(options=budget_options(ctx), value=DEFAULT_BATCHED_TOKENS,
                                         description="token budget", style=style, layout=wide)
         self.chunked.observe(lambda change: setattr(self.budget, "disabled", not change["new"]), names="value")
-        self.requests = w.IntSlider(value=n_requests, min=1, max=128, description="requests", style=style, layout=wide)
+        self.requests = IntSlider(name="n_requests", value=check_count("n_requests", n_requests), min=1, max=128,
+                                  description="requests", style=style, layout=wide)
         self.button = w.Button(description="Run workload", button_style="primary", icon="play")
         self.status, self.meters = w.HTML(), w.HTML()
         self.fig = Plot(gantt_figure([]))
