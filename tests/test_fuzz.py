@@ -657,3 +657,206 @@ def test_serving_workload_and_summary(data):
         assert s.ttft_s.p50 <= s.ttft_s.p99 + 1e-12 and s.ttft_s.mean > 0
     outcome("serving.summarize", summarize_results, {"wall_s": ["wall_s"], "slo": ["slo", "SLO"], None: ["wall_s"]}[bad],
             invariant_summary)
+
+
+# ---- issue 20's classes of bad input, one property each -------------------------------------------------------
+# Each class was found by a sweep of careless and hostile inputs; tests/test_robustness.py keeps one example of
+# each, and these properties keep the whole class closed.
+
+LINKS = ("file", "inside", "outside", "outside-by-a-chain", "relative-outside")
+
+
+def _weights_folder(root: Path, sharded: bool, links: list[str]) -> Path:
+    """A GPT-2 folder whose weight files are plain files or links (inside the folder, or out of it)."""
+    import json
+    from safetensors.torch import save_file
+    from test_safe_load import CFG, hf_tensors
+    tensors, names = hf_tensors(), sorted(hf_tensors())
+    outside, folder = root / "elsewhere", root / "model"
+    outside.mkdir()
+    (folder / "real").mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(CFG))
+    parts = [names[:5], names[5:]] if sharded else [names]
+    files = [f"part{i}.safetensors" for i in range(len(parts))] if sharded else ["model.safetensors"]
+    for file, keys, link in zip(files, parts, links):
+        piece = {k: tensors[k] for k in keys}
+        if link == "file":
+            save_file(piece, folder / file)
+            continue
+        home = folder / "real" if link == "inside" else outside
+        save_file(piece, home / file)
+        if link == "outside-by-a-chain":          # a link to a link inside the folder, which leaves it
+            (folder / "real" / file).symlink_to(home / file)
+            (folder / file).symlink_to(folder / "real" / file)
+        elif link == "relative-outside":
+            (folder / file).symlink_to(Path("..") / "elsewhere" / file)
+        else:
+            (folder / file).symlink_to(home / file)
+    if sharded:
+        (folder / "model.safetensors.index.json").write_text(json.dumps(
+            {"weight_map": {k: files[i] for i, keys in enumerate(parts) for k in keys}}))
+    return folder
+
+
+@settings(FUZZ, max_examples=40)
+@given(sharded=st.booleans(), links=st.lists(st.sampled_from(LINKS), min_size=2, max_size=2))
+def test_weights_load_only_from_inside_their_folder(sharded, links):
+    """Symlinks that stay in the folder load; any weight file whose real path leaves it is refused by name."""
+    import tempfile
+    from labutils.model.checkpoints import load_hf_gpt2
+    escapes = any(link not in ("file", "inside") for link in links[:2 if sharded else 1])
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = _weights_folder(Path(tmp), sharded, links)
+        model = outcome("safe_load: links", lambda: load_hf_gpt2(folder), ["lies outside"])
+    assert (model is None) == escapes, f"links {links} (sharded={sharded}) {'loaded' if model else 'refused'}"
+
+
+huge_shapes = st.fixed_dictionaries(dict(n_layer=st.integers(1, 10 ** 7), vocab_size=st.integers(16, 10 ** 13),
+                                         n_embd=st.sampled_from([8, 1024, 65536]), context_length=st.integers(8, 10 ** 7)))
+
+
+@settings(FUZZ, max_examples=40)
+@given(shape=st.one_of(huge_shapes, st.fixed_dictionaries(dict(n_layer=st.integers(1, 2), vocab_size=st.integers(16, 64),
+                                                                n_embd=st.just(8), context_length=st.integers(8, 32)))))
+def test_a_model_is_built_only_when_memory_holds_it(shape):
+    """GPT(config) builds what fits and refuses the rest, naming bytes and free memory, before allocating
+    (so each example ends within the time limit instead of killing the kernel)."""
+    from labutils.core.devices import free_memory_bytes
+    cfg = GPTConfig(n_head=1, **shape)
+    need = roofline.weight_bytes(cfg, torch.float32)
+    if 50e6 < need < 2 * free_memory_bytes("cpu"):
+        return                          # a model that may or may not fit is not built here: this test allocates
+    model = outcome("model.GPT: memory", lambda: GPT(cfg), ["more than 1024 layers", "GB in torch.float32",
+                                                              "free", "position table"])
+    assert (model is None) == (need >= 50e6 or shape["n_layer"] > 1024)
+
+
+@settings(FUZZ, max_examples=12)
+@given(preset=st.sampled_from(["llama-2-7b", "llama-3-8b", "mistral-7b", "llama-2-13b", "llama-2-70b"]),
+       call=st.sampled_from(["get_model", "roofline_point", "measure_request"]), dtype=st.sampled_from(["fp32", "bf16"]))
+def test_a_preset_too_big_for_this_machine_is_refused_before_it_is_built(preset, call, dtype):
+    runs = {"get_model": lambda: measure.get_model(preset, dtype),
+            "roofline_point": lambda: measure.roofline_point(preset, "decode", 1, dtype),
+            "measure_request": lambda: measure.measure_request(preset, 8, 4, dtype=dtype)}
+    need = roofline.weight_bytes(preset, torch.float32)
+    if need < 0.9 * measure.free_bytes("cpu"):
+        return                            # a machine with that much free memory could build it (not here: 24 GiB)
+    assert outcome(f"measure.{call}: memory", runs[call], ["GB", "free"]) is None
+
+
+NAN_LOOPS = ("generate", "fast_generate", "speculative_generate", "engine")
+
+
+@settings(FUZZ, max_examples=30)
+@given(loop=st.sampled_from(NAN_LOOPS), param=st.sampled_from(sorted(n for n, _ in MODELS["small"].named_parameters())),
+       value=st.sampled_from([math.nan, math.inf, -math.inf]), new=st.integers(1, 6))
+def test_nan_weights_are_refused_by_every_decode_loop(loop, param, value, new):
+    """Poisoned weights give NaN logits, and no decode loop turns them into token 0 forever."""
+    import copy
+    from labutils.decode.speculative import speculative_generate
+    from labutils.serving.engine import Engine
+    model = copy.deepcopy(MODELS["small"])
+    with torch.no_grad():
+        dict(model.named_parameters())[param].fill_(value)
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        logits = model(ids)[:, -1]
+    if torch.isfinite(logits).all():
+        return                            # this poison cancels out (a weight an activation never meets)
+    runs = {"generate": lambda: gen.generate(model, ids, new),
+            "fast_generate": lambda: fastgen.fast_generate(model, ids, new, mode="eager"),
+            "speculative_generate": lambda: speculative_generate(model, copy.deepcopy(MODELS["small"]), ids, new, k=2),
+            "engine": lambda: (lambda e: (e.submit([1, 2, 3], new), e.run()))(Engine(model, max_batch_size=2))}
+    assert outcome(f"{loop}: NaN weights", runs[loop], ["NaN", "nan", "not finite"]) is None
+
+
+bad_sampling = st.one_of(st.fixed_dictionaries({"temperature": st.one_of(st.floats(max_value=-1e-3),
+                                                                         st.just(math.nan), junk)}),
+                         st.fixed_dictionaries({"top_k": st.one_of(st.integers(max_value=0), st.just(1.5))}),
+                         st.fixed_dictionaries({"top_p": st.one_of(st.floats(1.01, 9), st.just(0.0), st.just(math.nan))}),
+                         st.fixed_dictionaries({"seed": st.one_of(st.integers(max_value=-1), st.just(1.5))}))
+
+
+@settings(FUZZ, max_examples=40)
+@given(step=st.sampled_from(["prefill", "decode_step"]), bad=bad_sampling, earlier=st.integers(0, 3))
+def test_a_refused_call_leaves_the_cache_as_it_was(step, bad, earlier):
+    """prefill / decode_step refuse a bad sampling option before writing a single entry or moving the position."""
+    model = MODELS["small"]
+    cache = KVCache(model.config, 1, 16)
+    with torch.inference_mode():
+        tok = gen.prefill(model, torch.tensor([[1, 2, 3]]), cache)
+        for _ in range(earlier):
+            tok = gen.decode_step(model, tok, cache)
+        before = (cache.pos, cache.k.clone(), cache.v.clone())
+        run = ((lambda: gen.prefill(model, torch.tensor([[4, 5]]), cache, **bad)) if step == "prefill" else
+               (lambda: gen.decode_step(model, tok, cache, **bad)))
+        assert outcome(f"{step}: refused before writing", run, list(bad)) is None
+    same = lambda x, y: torch.allclose(x, y, rtol=0, atol=0, equal_nan=True)   # unwritten slots may hold NaN
+    assert cache.pos == before[0] and same(cache.k, before[1]) and same(cache.v, before[2])
+
+
+def _wrong_type_calls(tmp: Path):
+    """(what, the call, the names its refusal may use) for each raw-error example of issue 20, given junk."""
+    from labutils.decode.kvcache import KVCache as Cache
+    from labutils.model.checkpoints import load_hf_gpt2, save_checkpoint
+    from test_safe_load import hf_folder
+    model, folder = MODELS["small"], hf_folder(tmp / "gpt2")
+    return {
+        "GPT(config)": (lambda j: GPT(j), ["GPTConfig"]),
+        "KVCache(config)": (lambda j: Cache(j, 1, 8), ["config", "KVCache"]),
+        "prefill(cache)": (lambda j: gen.prefill(model, torch.tensor([[1, 2]]), j), ["cache", "KVCache"]),
+        "save_checkpoint(model)": (lambda j: save_checkpoint(j, tmp / "m.pt"), ["model", "GPT"]),
+        "load_hf_gpt2(dtype)": (lambda j: load_hf_gpt2(folder, dtype=j), ["dtype"]),
+        "load_hf_gpt2(device)": (lambda j: load_hf_gpt2(folder, device=j), ["device"]),
+        "train_bpe(pat_str)": (lambda j: tokenizer.train_bpe("abc abc", 260, pat_str=j), ["pat_str"]),
+    }
+
+
+@settings(FUZZ, max_examples=60)
+@given(what=st.sampled_from(["GPT(config)", "KVCache(config)", "prefill(cache)", "save_checkpoint(model)",
+                             "load_hf_gpt2(dtype)", "load_hf_gpt2(device)", "train_bpe(pat_str)"]),
+       value=st.one_of(junk, st.sampled_from(["tiny", "(", "[a-", "fp4", "tpu", "cuda:9", 3.5, torch.int64]),
+                       st.just(MODELS["small"])))
+def test_a_wrong_type_is_refused_by_name_never_with_a_raw_error(what, value):
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        call, names = _wrong_type_calls(Path(tmp))[what]
+        outcome(f"wrong type: {what}", lambda: call(value), names)
+
+
+@settings(FUZZ, max_examples=60)
+@given(what=st.sampled_from(["seed", "repeats", "rounds", "verify_cost", "lookup k", "lookup ngram", "time_fn repeats"]),
+       value=st.one_of(st.integers(-(2 ** 40), -1), st.booleans(), st.just(math.nan)))
+def test_what_was_silently_accepted_is_refused(what, value):
+    """Negative seeds and repeat counts, a bool cost, negative lookup sizes: each refused by name."""
+    from labutils.decode.speculative import expected_speedup, lookup_proposals
+    runs = {"seed": (lambda: gen.generate(MODELS["small"], [[1, 2]], 2, temperature=1.0, seed=value), ["seed"]),
+            "repeats": (lambda: measure.measure_request("tiny", 8, 4, repeats=value), ["repeats"]),
+            "rounds": (lambda: measure.measure_requests("tiny", [(8, 4)], rounds=value), ["rounds"]),
+            "verify_cost": (lambda: expected_speedup(0.8, 4, 0.1, verify_cost=value), ["verify_cost"]),
+            "lookup k": (lambda: lookup_proposals([1, 2, 1, 2], value), ["k "]),
+            "lookup ngram": (lambda: lookup_proposals([1, 2, 1, 2], 2, ngram=value), ["ngram"]),
+            "time_fn repeats": (lambda: timing.time_fn(lambda: None, repeats=value), ["repeats"])}
+    if what == "verify_cost" and not isinstance(value, bool) and value == value:
+        value = True                      # a number is a valid cost here; the class is the bool
+    call, names = runs[what]
+    assert outcome(f"silent: {what}", call, names) is None
+
+
+@settings(FUZZ, max_examples=40)
+@given(clicks=st.lists(st.tuples(st.integers(-1, 3), st.one_of(st.integers(-2, 6), st.none(), junk)), max_size=8))
+def test_a_quiz_observer_never_raises(clicks):
+    """Whatever a front end (or a learner's code) sends a quiz's radio buttons, the observer shows it, never raises."""
+    from labutils.widgets.quiz import Quiz
+    q = Quiz([{"question": "2 + 2?", "options": ["3", "4"], "answer": 1, "explanation": "arithmetic"},
+              {"question": "bytes in fp16?", "options": ["1", "2", "4"], "answer": 1, "explanation": "16 bits"}])
+
+    def run():
+        for index, choice in clicks:
+            if 0 <= index < len(q.questions):
+                q._on_choice(index, choice)          # what the radio's observer calls with the value it got
+            else:
+                with pytest.raises(ValueError, match="question index"):
+                    q.check(index, 0)
+        return q
+    outcome("widgets.Quiz observer", run, [], lambda quiz: quiz.n_answered <= 2 and "Score" in quiz.score.value)

@@ -96,7 +96,7 @@ def bpe_merges(text: str, n_merges: int, pat_str: str = GPT4_SPLIT_PATTERN,
         while True:  # pop until an entry matches the current count (stale entries are skipped)
             if not heap:
                 raise ValueError(f"the text only supports {len(merges)} merges, not {n_merges}: "
-                                 "give more text or ask for a smaller vocab_size")
+                                 "give more text, ask for a smaller vocab_size, or check that pat_str splits it into words")
             neg, pair = heapq.heappop(heap)
             if pair_counts.get(pair, 0) == -neg > 0 and vocab[pair[0]] + vocab[pair[1]] not in known:
                 break
@@ -158,6 +158,8 @@ def train_bpe(text: str, vocab_size: int, pat_str: str = GPT4_SPLIT_PATTERN,
                              hint=f"the vocab holds 256 byte tokens + {len(special_tokens)} special, then the merges")
     n_merges = vocab_size - 256 - len(special_tokens)
     try:
+        if not isinstance(pat_str, str) or not pat_str:
+            raise TypeError(f"got {describe(pat_str)}")
         regex.compile(pat_str)       # tiktoken would fail later with a bare regex error
     except (regex.error, TypeError) as err:
         raise ValueError(f"pat_str is not a regular expression the splitter can use ({err}); pass a pattern "
