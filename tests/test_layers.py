@@ -94,3 +94,18 @@ def test_the_check_finds_an_import_that_climbs():
     assert uphill("from labutils.core import validate\nfrom . import presets\n", "labutils.model.gpt") == []
     assert uphill("from labutils.widgets import quiz\n", "labutils.bench.serving_rows") == []   # commands sit on top
     assert uphill("from labutils.bench import ROWS\n", "labutils.widgets.quiz") != []
+
+
+def test_the_module_map_names_every_module():
+    """docs/modules.md keeps up with the tree: every module is there, by its dotted name or in its package's row."""
+    text = (ROOT.parent / "docs" / "modules.md").read_text(encoding="utf-8")
+    missing = []
+    for path in MODULES:
+        name = module_name(path)
+        if path.name.startswith("__"):
+            continue
+        parent, last = name.rsplit(".", 1)
+        if name in text or (parent in text and f"`{last}`" in text):
+            continue
+        missing.append(name)
+    assert missing == [], f"docs/modules.md does not name {missing}"
