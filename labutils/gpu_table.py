@@ -1,4 +1,4 @@
-"""The GPU table of docs/gpu.md: datasheet peaks, ridge points and batch-1 decode floors (hardware.SPECS + roofline).
+"""The GPU table of docs/gpu.md: datasheet peaks, ridge points and batch-1 decode floors (perf.datasheets.SPECS + perf.roofline).
 
 python -m labutils.gpu_table prints it; tests/test_readme.py checks that docs/gpu.md holds exactly this text.
 """

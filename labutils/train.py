@@ -20,14 +20,10 @@ from labutils.model.loss import heldout_loss, unigram_loss
 
 
 TINY_DIR = DATA_DIR / "tiny"
-
-
 DRAFT_DIR = DATA_DIR / "draft"
-
 
 # Everything the rebuild depends on, in one place; changing any of these changes model.pt.
 DEFAULTS = dict(steps=1600, batch_size=8, lr=2e-3, warmup=50, seed=0, threads=2, teacher="none", on_policy=0)
-
 
 # The draft learns the tiny target's distributions (distillation), on corpus windows and on 4096 of the
 # target's own continuations: at decode time it is judged on text the target writes, not on the corpus.
@@ -316,8 +312,9 @@ def main(argv: list[str] | None = None) -> dict:
     return metrics
 
 
+__all__ = ['DEFAULTS', 'DRAFT_DEFAULTS', 'DRAFT_DIR', 'MODELS', 'PROMPT_LEN', 'TINY_DIR', 'draft_config', 'get_batch',
+           'greedy_agreement', 'lr_at', 'main', 'round_to_bf16', 'save_bf16', 'sha256', 'teacher_continuations', 'train']
+
+
 if __name__ == "__main__":
     main()
-
-
-__all__ = ['DEFAULTS', 'DRAFT_DEFAULTS', 'DRAFT_DIR', 'MODELS', 'PROMPT_LEN', 'TINY_DIR', 'draft_config', 'get_batch', 'greedy_agreement', 'lr_at', 'main', 'main', 'round_to_bf16', 'save_bf16', 'sha256', 'teacher_continuations', 'train']

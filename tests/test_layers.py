@@ -109,3 +109,22 @@ def test_the_module_map_names_every_module():
             continue
         missing.append(name)
     assert missing == [], f"docs/modules.md does not name {missing}"
+
+
+@pytest.mark.parametrize("part", LAYERS)
+def test_a_part_shows_only_its_own_modules_and_every_name_resolves(part):
+    package = importlib.import_module(f"labutils.{part}")
+    surface = getattr(package, "SURFACE", {})        # the lazy parts (core, text, perf) name their modules
+    assert all(module.startswith(f"labutils.{part}.") for module in surface), surface
+    for name in package.__all__ if hasattr(package, "__all__") else []:
+        assert getattr(package, name) is not None
+
+
+@pytest.mark.parametrize("command", [["labutils.perf.quiet", "0.1"]])
+def test_a_module_that_runs_as_a_command_is_not_loaded_twice(command):
+    """A part's __init__ must not import a module that `python -m` runs, or Python runs a second copy of it."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", *command], capture_output=True,
+                          text=True, timeout=60)
+    assert "found in sys.modules" not in done.stderr and done.returncode in (0, 1), done.stderr

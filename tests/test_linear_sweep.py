@@ -1,4 +1,4 @@
-"""One weight matrix from GEMV to GEMM: roofline.linear_flops / linear_bytes and hardware.measure_linear_sweep."""
+"""One weight matrix from GEMV to GEMM: roofline.linear_flops / linear_bytes and perf.probes.measure_linear_sweep."""
 import math
 
 import pytest

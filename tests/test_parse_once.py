@@ -46,3 +46,16 @@ def test_the_one_parse_keeps_the_rules_and_messages():
     with pytest.raises(ValueError, match="not offered here"):     # narrowed: a float outside the table is refused too
         measure.get_model("tiny", torch.float8_e5m2)
     assert roofline.kv_bytes_per_token("tiny", torch.float8_e5m2) * 4 == roofline.kv_bytes_per_token("tiny", "fp32")
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.complex64, torch.bool, "int4"])
+def test_a_dtype_without_a_byte_count_here_is_still_refused(dtype):
+    with pytest.raises(ValueError, match="unknown dtype"):
+        roofline.kv_cache_bytes("gpt2-small", 10, dtype=dtype)
+
+
+@pytest.mark.parametrize("fn", [lambda x: roofline.decode_bytes(x, 3), lambda x: roofline.prefill_bytes(x, 3),
+                                lambda x: roofline.mbu(x, 3, 1, None, 0.1, 1e9)])
+def test_a_module_that_is_not_a_gpt_is_refused_by_name_before_it_is_read(fn):
+    with pytest.raises(TypeError, match="x .the model. must be a GPT model"):
+        fn(torch.nn.Linear(2, 2))

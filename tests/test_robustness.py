@@ -538,6 +538,8 @@ def test_a_slider_set_out_of_range_from_code_says_so_and_keeps_its_value(make, c
     (lambda: explorer_mod.Explorer("cpu", preset="tiny", prompt_len=16, new_tokens=500),
      r"new_tokens=500 is outside the slider's range 2 to"),
     (lambda: explorer_mod.Explorer("cpu", preset="tiny", batch=3), r"unknown batch int 3; choose one of \[1, 2, 4"),
+    (lambda: explorer_mod.Explorer("cpu", preset="tiny", prompt_len=248, new_tokens=32),
+     r"prompt_len \(248\) \+ new_tokens \(32\) = 280 tokens exceed tiny's context length 256"),
 ])
 def test_a_widget_refuses_a_starting_value_its_slider_would_clamp(call, match):
     with pytest.raises((ValueError, TypeError), match=match):

@@ -23,7 +23,8 @@ from labutils.bench.decode_rows import (decode_bandwidth, fast_vs_hf_gpt2_small,
                                         prefill_throughput, recompute_vs_cached, tpot_long_vs_short)
 from labutils.bench.serving_rows import (chunked_vs_whole_prefill_itl, continuous_vs_one_at_a_time, engine_vs_vllm,
                                          packed_token_rows, vllm_budget_itl)
-from labutils.bench.speculative_rows import SPEC_PROMPTS, speculative_draft_vs_greedy, speculative_lookup_vs_greedy
+from labutils.bench.speculative_rows import SPEC_PROMPTS  # noqa: F401  (lesson 10 shows the bench's prompts)
+from labutils.bench.speculative_rows import speculative_draft_vs_greedy, speculative_lookup_vs_greedy
 from labutils.perf import quiet
 
 

@@ -18,11 +18,9 @@ from labutils.model.gpt import GPT, GPTConfig
 class BenchSettings:
     """What every row is measured on. quick=True shrinks every row to a smoke test (seconds, not minutes)."""
 
-
     device: torch.device = dataclasses.field(default_factory=lambda: torch.device("cpu"))
     quick: bool = False
     rounds: int = 3          # interleaved rounds per side; each row reports medians over them
-
 
     @property
     def preset(self) -> str:
@@ -36,7 +34,6 @@ _OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt
 class BenchRow:
     """One line of the table: a measured ratio, its target, and the two numbers behind it."""
 
-
     name: str
     ratio: float
     target: str                 # ">= 3", "<= 1.3", or strict: "> 1"
@@ -44,7 +41,6 @@ class BenchRow:
     detail: str                 # the two measured sides
     status: str = ""            # PASS / FAIL / ERROR, or SKIP (cannot run here; detail says why)
     machine: str = "quiet"      # "busy" when other processes used the CPU while the row ran (labutils.perf.quiet)
-
 
     def __post_init__(self):
         if not self.status:

@@ -44,14 +44,12 @@ def tpot_long_vs_short(s: BenchSettings) -> BenchRow:
     with torch.inference_mode():
         tok = prefill(model, ids, cache)    # fills positions 0 .. long-2 with real keys and values
 
-
         def step_at(n_keys: int) -> Callable[[], object]:
             # A step at position n_keys-1 writes that slot and attends over n_keys cached keys.
             def step():
                 cache.pos = n_keys - 1
                 decode_step(model, tok, cache, check=False)   # timed: the check (a host sync) ran in prefill
             return step
-
 
         fns = {"long": step_at(long), "short": step_at(short)}
         for fn in fns.values():
@@ -94,11 +92,7 @@ def int8_vs_16_32(s: BenchSettings) -> BenchRow:
 
 def hf_pair(shape: str, s: BenchSettings):
     """Hugging Face GPT2LMHeadModel with seeded random weights, and the same weights loaded through load_hf_gpt2."""
-    import tempfile
-
-
     from transformers import GPT2Config, GPT2LMHeadModel
-
 
     from labutils.model.checkpoints import load_hf_gpt2
     shapes = {"tiny": dict(n_layer=4, n_embd=256, n_head=4), "gpt2-small": dict(n_layer=12, n_embd=768, n_head=12),
@@ -161,7 +155,6 @@ def fast_vs_hf_gpt2_small(s: BenchSettings) -> BenchRow:
 def decode_bandwidth(s: BenchSettings) -> BenchRow:
     """Decode bytes/s (roofline.decode_bytes / the fast loop's TPOT) against measured copy bandwidth.
 
-
     On a CPU the gpt2-small shape (target 0.7). On CUDA a 1B+ preset, gpt2-xl in bf16 (target 0.8).
     """
     from labutils.decode.fastgen import FastDecoder
@@ -212,13 +205,11 @@ def prefill_throughput(s: BenchSettings) -> BenchRow:
                         device=s.device)
     cache = StaticKVCache(model.config, 1, prompt_len, device=s.device, dtype=bench_dtype(s))
 
-
     @torch.inference_mode()
     def prefill():
         cache.pos.zero_()           # the prompt overwrites every position it reads: no need to zero the buffers
         # Generation's prefill: logits for the last position only, as roofline.prefill_flops counts it.
         model(ids, cache, check=False, last_only=True)
-
 
     prefill()                                              # warm-up, untimed
     t, peak = [], []

@@ -29,7 +29,6 @@ def serving_workload(cfg: GPTConfig, n: int = 32, seed: int = 0) -> Workload:
     """The serving rows' one seeded workload: n requests at t=0, prompt and output lengths uniform in
     [ctx/64, ctx/16] tokens (gpt2-small: 16-64 each).
 
-
     The mix decides what batching can win: batching shares a decode step's weight reads, but a
     prefill's FLOPs are the same one request at a time or batched (and on a CPU a prefill is
     already compute-bound), so the longer the prompts, the closer the continuous-batching ratio
@@ -95,7 +94,6 @@ def chunked_vs_whole_prefill_itl(s: BenchSettings) -> BenchRow:
 def packed_token_rows(s: BenchSettings) -> BenchRow:
     """Token rows the model computes / tokens that needed computing, on a mixed workload with chunked prefill.
 
-
     Counted by a hook on the model's forward, apart from the engine's own bookkeeping; a padded batch
     (as this engine had before it packed) computes more rows than real tokens."""
     model = bench_model(s.preset, str(s.device))
@@ -125,7 +123,6 @@ def vllm_row_workload(cfg: GPTConfig, n: int = 32, seed: int = 0) -> list[Reques
 def course_engine_outputs(model: GPT, requests: list[Request]) -> list[list[int]]:
     """The course's side of the engine-vs-vLLM comparison: each request's greedy output ids.
 
-
     serving.Engine with a slot for every request (continuous batching, as the server gets them all
     in flight), prefix caching off as on the server; tests/test_vllm.py compares vLLM's tokens with
     the same function.
@@ -140,7 +137,6 @@ def engine_vs_server(model: GPT, client: OpenAIClient, requests: list[Request], 
                      setup: str, pause_server: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
                      ) -> BenchRow:
     """Output tokens/s of course_engine_outputs vs a server on the same requests, interleaved by round.
-
 
     `pause_server` (VLLMServer.paused) stops the server's processes while the engine takes its turn.
     """

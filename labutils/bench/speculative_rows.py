@@ -30,7 +30,6 @@ def trained_pair(device: str):
 def _speculative_row(s: BenchSettings, use_lookup: bool) -> BenchRow:
     """Greedy end to end over a few prompts: generate() vs speculative_generate() at the best k, same tokens.
 
-
     On CPU the target is prepacked (labutils.decode.prepack): PyTorch's default fp32 matmul costs about twice
     as much for 5 rows as for 1 on a model this small, while the prepacked one does not, and its rows are
     bit-identical whatever their number, so the tokens can be compared exactly. Plain greedy decoding is
@@ -47,7 +46,6 @@ def _speculative_row(s: BenchSettings, use_lookup: bool) -> BenchRow:
     new, ks = (16, (2, 4)) if s.quick else (96, (1, 2, 3, 4, 6, 8))
     want = [generate(target, ids, new).tokens for ids in prompts]
 
-
     def spec(k):
         results = [speculative_generate(target, draft, ids, new, k=k) for ids in prompts]
         for ids, w, r in zip(prompts, want, results):
@@ -55,7 +53,6 @@ def _speculative_row(s: BenchSettings, use_lookup: bool) -> BenchRow:
                 raise AssertionError(f"speculative tokens (k={k}) differ from greedy generate() for prompt "
                                      f"{enc.decode(ids)!r}")
         return results
-
 
     # Pick k on the faster of two timed runs each (the one load disturbed least), then time the winner
     # against plain decoding afresh, interleaved, so the reported ratio is not the luckiest of several noisy ones.

@@ -13,8 +13,6 @@ from labutils.core.validate import check_device, device_available
 
 
 MiB = 1 << 20
-
-
 GiB = 1 << 30
 
 
@@ -97,4 +95,5 @@ def default_dtype(device: torch.device | str | None = None) -> torch.dtype:
     return torch.float32
 
 
-__all__ = ['GiB', 'MiB', 'default_dtype', 'describe_device', 'free_memory_bytes', 'is_oom', 'pick_device']
+__all__ = ['GiB', 'MiB', 'default_dtype', 'describe_device', 'free_memory_bytes', 'is_oom', 'pick_device',
+           'resolve_device']

@@ -1,5 +1,5 @@
 """From a prompt to tokens: prefill and decode_step, the KV caches, the fast loop, speculative decoding, int8, prepack.
-May import: labutils.core, labutils.text, labutils.model.gpt, labutils.perf."""
+May import: labutils.core, labutils.text, labutils.model, labutils.perf."""
 from labutils.decode import quant
 from labutils.decode.fastgen import STAGES, FastDecoder, check_graph_ready, column_major_weights, fast_generate, pick_token
 from labutils.decode.kvcache import KVCache

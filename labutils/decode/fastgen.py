@@ -76,7 +76,7 @@ def pick_token(logits: torch.Tensor, noise: torch.Tensor | None, temperature: fl
 
     Greedy is the argmax. Otherwise the exponential race: argmax(p / E) with E ~ Exponential(1)
     drawn into `noise`, which picks token i with probability p_i (the smallest of E_i / p_i wins,
-    and E_i / p_i is exponential with rate p_i). p is generate.sampling_probs: one definition.
+    and E_i / p_i is exponential with rate p_i). p is decode.loop.sampling_probs: one definition.
     """
     if temperature == 0:
         return logits.argmax(dim=-1)
@@ -221,7 +221,7 @@ class FastDecoder:
     @torch.inference_mode()
     def generate(self, ids, max_new_tokens: int, *, seed: int | None = None,
                  on_token: Callable[[torch.Tensor], object] | None = None) -> FastGenerationResult:
-        """Prefill, then decode; same result as generate.generate (tokens [batch, new] on the CPU, host timestamps).
+        """Prefill, then decode; same result as decode.loop.generate (tokens [batch, new] on the CPU, host timestamps).
 
         `on_token(tokens)` receives each step's tokens [batch] on the CPU as soon as they are there,
         for streaming text. On CUDA it runs as the events say the copies landed, never blocking a step.

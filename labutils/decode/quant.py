@@ -332,14 +332,14 @@ def compare(model: nn.Module, tokens: torch.Tensor | None = None, *, new_tokens:
     """How an int8 copy of `model` compares with it: one row for the lesson to print.
 
     The model itself is left unquantized. `tokens` are held-out token ids (default: the course's
-    held-out split, train.course_tokens()). Returns
+    held-out split, text.dataset.course_tokens()). Returns
       weight_bytes, int8_weight_bytes  roofline.weight_bytes of each model;
       logit_max_abs_err                max |int8 logit - float logit| over `logit_windows` windows;
       logit_rel_err                    ||int8 logits - float logits|| / ||float logits|| (Frobenius);
       greedy_agreement                 fraction of `new_tokens` greedy tokens equal, position by
                                        position, over `n_prompts` held-out prompts (generate());
       greedy_prefix                    mean greedy tokens before the first difference;
-      heldout_loss, int8_heldout_loss  train.heldout_loss of each model on `tokens` (nats/token).
+      heldout_loss, int8_heldout_loss  model.loss.heldout_loss of each model on `tokens` (nats/token).
     """
     from labutils.decode.loop import generate
     from labutils.text.dataset import course_tokens

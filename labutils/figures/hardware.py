@@ -15,7 +15,7 @@ from labutils.core.validate import check_positive
 
 NO_FIGURE_TEXT = "no FLOP/s figure in the cited source"
 # Why bars are missing: SPECS keeps None where the cited source gives no figure, and invents none.
-NOTE = ("A missing bar is a figure the cited source does not give (hardware.SPECS keeps None).<br>"
+NOTE = ("A missing bar is a figure the cited source does not give (datasheets.SPECS keeps None).<br>"
         "Apple quotes no fp16/bf16 matrix rate for its GPUs; x marks rows with no FLOP/s figure at all.")
 
 

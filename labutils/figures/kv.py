@@ -5,11 +5,10 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from labutils.figures.log_axes import tidy_log_axes
-from labutils.perf.roofline import weight_bytes
 from labutils.core.validate import check_count, describe
-from labutils.perf.roofline import kv_cache_bytes, sliding_window
+from labutils.figures.log_axes import tidy_log_axes
 from labutils.model.presets import ModelShape, get_shape
+from labutils.perf.roofline import kv_cache_bytes, sliding_window, weight_bytes
 
 EMPTY, PROMPT, DECODED = 0, 1, 2          # what a slot holds, as the heatmap colours it
 GB = 1e9                                  # decimal gigabytes, as GPU memory and the essay's "14 GB" are quoted

@@ -23,7 +23,7 @@ from labutils.core.validate import check_choice, check_count, check_device, chec
 # so the bigger shapes are offered only on a GPU.
 CPU_PRESETS = ("tiny", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")
 
-_MODELS: "OrderedDict[tuple[str, str, str, int | None], GPT]" = OrderedDict()
+_MODELS: "OrderedDict[tuple[str, torch.dtype, str, int | None], GPT]" = OrderedDict()
 MAX_CACHED_MODELS = 2        # models are large; keep the two most recently used
 
 
@@ -51,7 +51,7 @@ def dtype_choices(device) -> list[str]:
 
 
 def default_dtype_name(device) -> str:
-    """The dtype name models run in on `device` (hardware.default_dtype): "fp32" on a CPU, "bf16" on a recent GPU."""
+    """The dtype name models run in on `device` (core.devices.default_dtype): "fp32" on a CPU, "bf16" on a recent GPU."""
     return dtype_name(default_dtype(device))
 
 

@@ -86,8 +86,6 @@ class GPTConfig:
 
 
 NORMS = ("layernorm", "rmsnorm")
-
-
 ROPE_BASE = 10_000.0     # Llama-2's rotary base (config.json rope_theta)
 
 

@@ -1,9 +1,13 @@
 """How fast, measured and promised: timers, the busy-machine check, probes, datasheets, peaks, the roofline's counts.
-May import: labutils.core, labutils.text, labutils.model.gpt."""
-from labutils.perf import quiet, roofline
-from labutils.perf.quiet import watch
-from labutils.perf.datasheets import SPECS, DeviceSpec, match_spec
-from labutils.perf.peaks import Peaks, measured_peaks
-from labutils.perf.probes import (MeasurementError, last_level_cache_bytes, measure_bandwidth, measure_linear_sweep,
-                                  measure_matmul_flops)
-from labutils.perf.timing import Timing, itl_s, synchronize, time_fn, torch_threads, tpot_s, ttft_s
+May import: labutils.core, labutils.text, labutils.model."""
+from labutils.core.surface import lazy_surface
+
+SURFACE = {
+    "labutils.perf.datasheets": ["SPECS", "DeviceSpec", "match_spec"],
+    "labutils.perf.peaks": ["Peaks", "measured_peaks"],
+    "labutils.perf.probes": ["MeasurementError", "last_level_cache_bytes", "measure_bandwidth", "measure_linear_sweep",
+                             "measure_matmul_flops"],
+    "labutils.perf.quiet": ["watch"],
+    "labutils.perf.timing": ["Timing", "itl_s", "synchronize", "time_fn", "torch_threads", "tpot_s", "ttft_s"],
+}
+__getattr__, __dir__, __all__ = lazy_surface(__name__, SURFACE)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from labutils.core.dtypes import TORCH_DTYPES
 from labutils.model.presets import ModelShape, get_shape
 from labutils.core.validate import check_count, check_flag, check_number, check_positive, describe, parse_dtype
 
@@ -60,9 +61,12 @@ def counts(x) -> Counts:
 
 
 def _dtype(value, name: str = "dtype") -> torch.dtype:
-    """A torch.dtype is canonical: its itemsize is its bytes, so it is used as it comes. Anything else (a name such
-    as "fp16", a numpy string) is parsed here, once, at the public function a learner called."""
-    return value if isinstance(value, torch.dtype) else parse_dtype(name, value)
+    """A float torch.dtype (or int8 from the table) is canonical: its itemsize is its bytes, so it is used as it
+    comes. Anything else (a name such as "fp16", a numpy string) is parsed here, once, at the public function a
+    learner called."""
+    if isinstance(value, torch.dtype) and (value.is_floating_point or value in TORCH_DTYPES.values()):
+        return value
+    return parse_dtype(name, value)          # also refuses an integer, bool or complex torch dtype, by name
 
 
 def _tensor_bytes(tensors) -> int:
@@ -171,7 +175,10 @@ def _kv_dtype(x, dtype) -> torch.dtype:
     """The cache's dtype: the one given, else a model's float dtype, else fp16 (a config or preset)."""
     if dtype is not None:
         return _dtype(dtype)
-    return _float_dtype(x) if _is_model(x) else torch.float16
+    if not _is_model(x):
+        return torch.float16
+    counts(x)                                # a module that is not a GPT is refused by name before it is read
+    return _float_dtype(x)
 
 
 # ---- FLOPs and bytes per phase ------------------------------------------------------------------------------

@@ -300,7 +300,7 @@ class Engine:
     @staticmethod
     def _sample(seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
         """The next token of each request from its row of logits, on the device: greedy in one argmax, sampled
-        ones each from its own generator through generate.sample."""
+        ones each from its own generator through decode.loop.sample."""
         first = [i for i, s in enumerate(seqs) if not s.n_generated]
         if first:                     # once per request: NaN weights would otherwise give token 0 forever
             check_logits(logits[first])

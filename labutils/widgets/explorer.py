@@ -83,6 +83,11 @@ class Explorer(w.VBox):
         for plot in (self.fig_sweep, self.fig_util):
             plot.figure.layout.width = 440
         self._latest = Latest(self.refresh)
+        context = GPTConfig.preset(preset).context_length
+        if self.prompt_len.value + self.new_tokens.value > context:     # _clamp would move new_tokens quietly
+            raise ValueError(f"prompt_len ({self.prompt_len.value}) + new_tokens ({self.new_tokens.value}) = "
+                             f"{self.prompt_len.value + self.new_tokens.value} tokens exceed {preset}'s context "
+                             f"length {context}; shorten one of them")
         self._clamp()
         for control in (self.device, self.preset, self.dtype, self.batch, self.prompt_len, self.new_tokens):
             control.observe(self._changed, names="value")
