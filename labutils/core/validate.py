@@ -160,10 +160,13 @@ def parse_dtype(name: str, value, allowed=None) -> torch.dtype:
     or any other floating torch dtype when nothing narrows it; returns the canonical torch.dtype.
 
     Public functions call it once, where a learner's value comes in; what they call next takes the torch.dtype as
-    it is. check_dtype's rules and messages are this function's.
+    it is. A torch dtype that is canonical already (any float, or int8/fp8 from the table) passes straight through
+    when nothing narrows it, so a function that receives one from another does not check it again. check_dtype's
+    rules and messages are this function's.
     """
-    if allowed is None and isinstance(value, torch.dtype) and value.is_floating_point:
-        return value             # canonical already (the table's float dtypes are themselves)
+    if (allowed is None and isinstance(value, torch.dtype)
+            and (value.is_floating_point or value in dtypes.TORCH_DTYPES.values())):
+        return value
     return dtypes.torch_dtype(check_dtype(name, value, allowed))
 
 

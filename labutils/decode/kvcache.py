@@ -44,7 +44,7 @@ def _cache_bytes(config, batch_size: int, max_len: int, dtype: torch.dtype) -> i
         # These buffers keep all max_len positions (no rolling buffer: the course's GPT attends to every one),
         # so a preset's sliding window does not shrink them.
         config = dataclasses.replace(config, sliding_window=None)
-    return kv_cache_bytes(config, max_len, batch_size, dtype)      # any torch dtype counts at its itemsize
+    return kv_cache_bytes(config, max_len, batch_size, dtype)      # any dtype a cache takes counts at its itemsize
 
 
 def does_not_fit(config, batch_size, max_len, device, dtype, free=None) -> str:

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 import torch
 
-from labutils.core.dtypes import TORCH_DTYPES
 from labutils.model.presets import ModelShape, get_shape
 from labutils.core.validate import check_count, check_flag, check_number, check_positive, describe, parse_dtype
 
@@ -60,15 +59,6 @@ def counts(x) -> Counts:
     return Counts(n_params, body, head, C * (2 if learned_pos else 1), cfg.n_layer, C, cfg)
 
 
-def _dtype(value, name: str = "dtype") -> torch.dtype:
-    """A float torch.dtype (or int8 from the table) is canonical: its itemsize is its bytes, so it is used as it
-    comes. Anything else (a name such as "fp16", a numpy string) is parsed here, once, at the public function a
-    learner called."""
-    if isinstance(value, torch.dtype) and (value.is_floating_point or value in TORCH_DTYPES.values()):
-        return value
-    return parse_dtype(name, value)          # also refuses an integer, bool or complex torch dtype, by name
-
-
 def _tensor_bytes(tensors) -> int:
     unique = {id(t): t for t in tensors}            # a tied tensor is counted once
     return sum(t.numel() * t.element_size() for t in unique.values())
@@ -98,7 +88,7 @@ def weight_bytes(x, dtype=None) -> int:
         if dtype is not None:
             raise ValueError("a model's weight bytes are its tensors' own; pass dtype only with a config or preset")
         return _tensor_bytes(_model_tensors(x))
-    return counts(x).n_params * _dtype(torch.float16 if dtype is None else dtype).itemsize
+    return counts(x).n_params * parse_dtype("dtype", torch.float16 if dtype is None else dtype).itemsize
 
 
 def step_weight_bytes(x, tokens_per_seq: int = 1, batch: int = 1, dtype=None) -> int:
@@ -117,7 +107,7 @@ def step_weight_bytes(x, tokens_per_seq: int = 1, batch: int = 1, dtype=None) ->
         table_bytes = _tensor_bytes(t for t in tables if id(t) not in head_ids)
         body = weight_bytes(x) - head - table_bytes
         return body + head + rows * c.row_params * x.tok_emb.weight.element_size()
-    elem = _dtype(torch.float16 if dtype is None else dtype).itemsize
+    elem = parse_dtype("dtype", torch.float16 if dtype is None else dtype).itemsize
     return (c.body_params + c.head_params + rows * c.row_params) * elem
 
 
@@ -126,7 +116,7 @@ def step_weight_bytes(x, tokens_per_seq: int = 1, batch: int = 1, dtype=None) ->
 def kv_bytes_per_token(x, dtype=torch.float16) -> int:
     """Cache bytes one token adds to one sequence: 2 (K and V) x layers x kv_heads x head_dim x bytes."""
     shape = counts(x).kv_shape
-    return 2 * shape.n_layer * shape.n_kv_head * shape.head_dim * _dtype(dtype).itemsize
+    return 2 * shape.n_layer * shape.n_kv_head * shape.head_dim * parse_dtype("dtype", dtype).itemsize
 
 
 def sliding_window(x) -> int | None:
@@ -165,7 +155,7 @@ def tokens_where_cache_exceeds_weights(x, batch_size: int = 1, dtype=torch.float
     stops the cache growing below the weights (Mistral-7B at batch 1).
     """
     batch_size = check_count("batch_size", batch_size, 1)
-    dtype, weight_dtype = _dtype(dtype), _dtype(weight_dtype, "weight_dtype")
+    dtype, weight_dtype = parse_dtype("dtype", dtype), parse_dtype("weight_dtype", weight_dtype)
     tokens = weight_bytes(x, weight_dtype) // (kv_bytes_per_token(x, dtype) * batch_size) + 1
     window = sliding_window(x)
     return None if window is not None and tokens > window else tokens
@@ -174,7 +164,7 @@ def tokens_where_cache_exceeds_weights(x, batch_size: int = 1, dtype=torch.float
 def _kv_dtype(x, dtype) -> torch.dtype:
     """The cache's dtype: the one given, else a model's float dtype, else fp16 (a config or preset)."""
     if dtype is not None:
-        return _dtype(dtype)
+        return parse_dtype("dtype", dtype)
     if not _is_model(x):
         return torch.float16
     counts(x)                                # a module that is not a GPT is refused by name before it is read
@@ -250,7 +240,7 @@ def linear_bytes(n_out: int, n_in: int, batch: int = 1, dtype=torch.float32) -> 
     which is why a GEMM's intensity stays below "batch FLOPs per weight byte".
     """
     n_out, n_in, batch = (check_count(name, v, 1) for name, v in (("n_out", n_out), ("n_in", n_in), ("batch", batch)))
-    return (n_out * n_in + batch * (n_in + n_out)) * _dtype(dtype).itemsize
+    return (n_out * n_in + batch * (n_in + n_out)) * parse_dtype("dtype", dtype).itemsize
 
 
 # ---- intensity, floors and utilization -------------------------------------------------------------------------
