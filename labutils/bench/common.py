@@ -12,6 +12,7 @@ import torch
 
 from labutils.perf import timing
 from labutils.model.gpt import GPT, GPTConfig
+from labutils.core.draw import random_ids
 
 
 @dataclass
@@ -88,5 +89,4 @@ def bench_layout(s: BenchSettings) -> str:
 
 def bench_request(s: BenchSettings, vocab: int) -> tuple[torch.Tensor, int]:
     prompt_len, new = (32, 8) if s.quick else (PROMPT_LEN, NEW_TOKENS)
-    ids = torch.randint(0, vocab, (1, prompt_len), generator=torch.Generator().manual_seed(0))
-    return ids.to(s.device), new
+    return random_ids(vocab, (1, prompt_len), 0, s.device), new

@@ -13,6 +13,7 @@ from labutils.decode import quant
 from labutils.perf import timing
 from labutils.decode.loop import decode_step, generate, prefill
 from labutils.core.dtypes import dtype_name
+from labutils.core.draw import random_ids
 from labutils.core.devices import default_dtype
 from labutils.decode.kvcache import KVCache
 from labutils.bench.common import (BenchRow, BenchSettings, bench_dtype, bench_layout, bench_model, bench_request,
@@ -23,7 +24,7 @@ def recompute_vs_cached(s: BenchSettings) -> BenchRow:
     """End to end: generate() recomputing the whole sequence each step vs decoding from the KV cache."""
     model = bench_model(s.preset, str(s.device))
     prompt_len, new = (32, 8) if s.quick else (256, 48)
-    ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0))
+    ids = random_ids(model.config.vocab_size, (1, prompt_len))
     generate(model, ids, 2, use_cache=True)      # warm-up, untimed
     generate(model, ids, 2, use_cache=False)
     t = interleaved({"recompute": lambda: generate(model, ids, new, use_cache=False),
@@ -38,8 +39,7 @@ def tpot_long_vs_short(s: BenchSettings) -> BenchRow:
     model = bench_model(s.preset, str(s.device))
     ctx = model.config.context_length
     short, long = (8, ctx) if s.quick else (64, ctx)
-    ids = torch.randint(0, model.config.vocab_size, (1, long - 1), generator=torch.Generator().manual_seed(0),
-                        device=s.device)
+    ids = random_ids(model.config.vocab_size, (1, long - 1), 0, s.device)
     cache = KVCache(model.config, 1, long, device=s.device, dtype=next(model.parameters()).dtype)
     with torch.inference_mode():
         tok = prefill(model, ids, cache)    # fills positions 0 .. long-2 with real keys and values
@@ -74,7 +74,7 @@ def int8_vs_16_32(s: BenchSettings) -> BenchRow:
     models = {"fp32": base, half_name: copy.deepcopy(base).to(half),
               "int8": quant.quantize_(copy.deepcopy(base).to(default_dtype(s.device)))}
     prompt_len, new = (16, 8) if s.quick else (128, 32)
-    ids = torch.randint(0, base.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0))
+    ids = random_ids(base.config.vocab_size, (1, prompt_len))
     for model in models.values():
         generate(model, ids, 2)                   # warm-up, untimed
     tpots: dict[str, list[float]] = {name: [] for name in models}
@@ -201,8 +201,7 @@ def prefill_throughput(s: BenchSettings) -> BenchRow:
     from labutils.decode.static_cache import StaticKVCache
     model = fast_model(copy.deepcopy(bench_model(s.preset, str(s.device))).to(dtype=bench_dtype(s)), s)
     prompt_len = 64 if s.quick else 512
-    ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0),
-                        device=s.device)
+    ids = random_ids(model.config.vocab_size, (1, prompt_len), 0, s.device)
     cache = StaticKVCache(model.config, 1, prompt_len, device=s.device, dtype=bench_dtype(s))
 
     @torch.inference_mode()

@@ -28,11 +28,13 @@ from collections import Counter
 import torch
 
 _ACTIVE = contextvars.ContextVar("labutils_fake_cuda", default=None)
+_emulating = False      # set by labutils.core.emulated_cuda: CUDA pretended, with values on the CPU
 
 
 def active() -> bool:
-    """True inside fake_cuda(): CUDA is pretended, values do not exist."""
-    return _ACTIVE.get() is not None
+    """True inside fake_cuda() (values do not exist) or labutils.core.emulated_cuda (values on the CPU): CUDA is
+    pretended, and there is no CUDA runtime to wait for, pin memory with or capture graphs on."""
+    return _ACTIVE.get() is not None or _emulating
 
 
 def is_fake(t) -> bool:
@@ -157,7 +159,7 @@ class _Event:
 
 def event():
     """torch.cuda.Event(enable_timing=True), or a stand-in inside fake_cuda()."""
-    return _Event() if active() else torch.cuda.Event(enable_timing=True)
+    return _Event() if _ACTIVE.get() is not None else torch.cuda.Event(enable_timing=True)
 
 
 def synchronize(device: torch.device) -> None:
@@ -172,9 +174,12 @@ def synchronize(device: torch.device) -> None:
 
 def generator(device: torch.device, seed: int | None):
     """A seeded torch.Generator on `device`, or None for no seed; None inside fake_cuda(), where a CUDA generator
-    cannot be made and no value is drawn anyway."""
-    if seed is None or active():
+    cannot be made and no value is drawn anyway. Under emulated CUDA, one the emulation counts as CUDA's."""
+    if seed is None or _ACTIVE.get() is not None:
         return None
+    if _emulating and torch.device(device).type == "cuda":
+        from labutils.core.emulated_cuda import cuda_generator
+        return cuda_generator(seed)
     return torch.Generator(device=device).manual_seed(seed)
 
 

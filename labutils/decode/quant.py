@@ -198,7 +198,7 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)
         y = KERNELS[self.kernel](x2, self.weight, self.scales, self.bias)
-        return y.view(*x.shape[:-1], self.out_features)
+        return y.reshape(*x.shape[:-1], self.out_features)     # the kernel chose y's layout: never view it
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

@@ -8,6 +8,7 @@ from labutils.decode.kvcache import KVCache
 from labutils.core.progress_bar import progress
 from labutils.perf.timing import time_fn, torch_threads
 from labutils.core.validate import check_count, check_device, check_seed
+from labutils.core.draw import random_ids
 
 
 def check_positions(positions, context_length: int) -> list[int]:
@@ -36,8 +37,7 @@ def step_cost_ms(model, positions, *, device="cpu", repeats: int = 5, threads: i
     cfg, device = model.config, check_device("device", device)
     positions = check_positions(positions, cfg.context_length)
     repeats, threads = check_count("repeats", repeats, 1, 1000), check_count("threads", threads, 1, 1024)
-    gen = torch.Generator().manual_seed(check_seed(seed))
-    ids = torch.randint(0, cfg.vocab_size, (1, max(positions)), generator=gen).to(device)
+    ids = random_ids(cfg.vocab_size, (1, max(positions)), check_seed(seed), device)
     cache = KVCache(cfg, 1, max(positions), device=device, dtype=model.tok_emb.weight.dtype)
 
     def recompute(p):

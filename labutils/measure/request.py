@@ -18,6 +18,7 @@ from labutils.perf.peaks import measured_peaks
 from labutils.model.presets import PRESETS
 from labutils.core.progress_bar import Steps
 from labutils.core.validate import check_choice, check_count, check_device, check_seed, parse_dtype
+from labutils.core.draw import random_ids
 
 # On a CPU, building a multi-billion-parameter model means minutes of random initialisation,
 # so the bigger shapes are offered only on a GPU.
@@ -225,8 +226,7 @@ def measure_requests(preset: str, settings, batch: int = 1, dtype: str = "fp32",
     rounds, seed = check_count("rounds", rounds, 1, 1000), check_seed(seed)
     try:
         model = _get_model(preset, cfg, dtype, device, context_length)
-        ids = [torch.randint(0, model.config.vocab_size, (batch, p), generator=torch.Generator().manual_seed(seed))
-               for p, _ in settings]
+        ids = [random_ids(model.config.vocab_size, (batch, p), seed) for p, _ in settings]
         generate(model, ids[0][:, :min(settings[0][0], 16)], 2)     # warm this batch size up, untimed
         bar = Steps(rounds * sum(n for _, n in settings) if progress_desc else 0, progress_desc)
         runs = [[] for _ in settings]

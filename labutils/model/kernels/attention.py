@@ -9,10 +9,19 @@ request's gathered blocks, and only the cache knows which of those keys are writ
 """
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# On CUDA the course chooses SDPA's kernels itself, in this order, instead of leaving it to torch's heuristic.
+# Recent torch prefers cuDNN's attention on Hopper, and cuDNN builds a new plan for every new sequence length: a
+# decode loop with a growing cache meets a new length at every step, and on an H200 those rebuilds took 548 of
+# 596 ms of lesson 08's profile (gpt2-small ITLs of about 70 ms, against 3.7 ms once each length had been seen).
+# Flash and memory-efficient attention need no plan; math is the fallback any shape, dtype and mask can use.
+CUDA_SDPA_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 
 
 def causal_mask(tq: int, tk: int, q_offset: int = 0, device=None) -> torch.Tensor:
@@ -57,6 +66,18 @@ def naive_attention(q, k, v, q_offset: int = 0, mask: torch.Tensor | None = None
     return attention_weights(q, k, q_offset, mask) @ v
 
 
+# torch before 2.6 takes the set but not the order; cuDNN is left out either way.
+_ORDERED = {"set_priority": True} if "set_priority" in inspect.signature(sdpa_kernel).parameters else {}
+
+
+def _sdpa(q, k, v, **kwargs) -> torch.Tensor:
+    """The course's one call of F.scaled_dot_product_attention: on CUDA under CUDA_SDPA_BACKENDS, in that order."""
+    if q.device.type != "cuda":
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+    with sdpa_kernel(list(CUDA_SDPA_BACKENDS), **_ORDERED):
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
 def _grouped_sdpa(q, k, v, mask: torch.Tensor) -> torch.Tensor:
     """Masked GQA without copying K/V: fold each group of query heads into the query axis.
 
@@ -67,12 +88,14 @@ def _grouped_sdpa(q, k, v, mask: torch.Tensor) -> torch.Tensor:
     B, H, tq, d = q.shape
     group = _group(q, k)
     if group == 1:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return _sdpa(q, k, v, attn_mask=mask)
     qg = q.reshape(B, k.shape[1], group * tq, d)       # a view when tq == 1 (decode)
     if tq > 1:   # the query rows are now (group, tq): tile the mask's query axis to match
         mask = mask.repeat(*([1] * (mask.dim() - 2)), group, 1)
-    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
-    return out.view(B, H, tq, d)
+    out = _sdpa(qg, k, v, attn_mask=mask)
+    # reshape, never view: the layout of a fused kernel's output is the kernel's choice. CUDA's return it as
+    # [B, T, H, d] in memory seen as [B, H, T, d], where a view across the head axis raises; the CPU's never do.
+    return out.reshape(B, H, tq, d)
 
 
 def sdpa_attention(q, k, v, q_offset: int = 0, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -87,9 +110,9 @@ def sdpa_attention(q, k, v, q_offset: int = 0, mask: torch.Tensor | None = None)
         return _grouped_sdpa(q, k, v, mask)
     if tk == q_offset + tq and tq == 1:
         # A decode step: the single query is the newest position and may see every key.
-        return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+        return _sdpa(q, k, v, enable_gqa=gqa)
     if q_offset == 0 and tq == tk:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        return _sdpa(q, k, v, is_causal=True, enable_gqa=gqa)
     # is_causal aligns the mask top-left, which is wrong for an offset query block: pass it explicitly.
     return _grouped_sdpa(q, k, v, causal_mask(tq, tk, q_offset, q.device))
 
