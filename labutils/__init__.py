@@ -33,6 +33,7 @@ def setup_notebook(seed: int = 0):
     import torch
 
     from labutils.core.devices import pick_device
+    from labutils.core.emulated_cuda import enter_if_asked
     from labutils.core.validate import check_count
 
     # numpy's legacy seed takes 0 .. 2**32 - 1: refuse anything else by name, before anything is seeded
@@ -41,4 +42,5 @@ def setup_notebook(seed: int = 0):
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+    enter_if_asked()        # LABUTILS_EMULATE_CUDA=1: this lesson runs on emulated CUDA (gpu_check --dry-run)
     return pick_device()

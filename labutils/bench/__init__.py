@@ -38,13 +38,21 @@ ROWS: list[Callable[[BenchSettings], BenchRow]] = [recompute_vs_cached, tpot_lon
 
 
 def run(settings: BenchSettings, rows: list[Callable[[BenchSettings], BenchRow]] | None = None,
-        log: Callable[[str], None] = print) -> list[BenchRow]:
-    """Measure every row, logging a progress line per row; an error becomes an ERROR row, not a crash."""
+        log: Callable[[str], None] = print, max_seconds: float | None = None) -> list[BenchRow]:
+    """Measure every row, logging a progress line per row; an error becomes an ERROR row, not a crash.
+
+    max_seconds: once the rows so far took that long, the rest are SKIP rows that say so (a GPU check's time limit).
+    """
     rows = ROWS if rows is None else rows
-    out = []
+    out, start = [], time.perf_counter()
     for i, fn in enumerate(rows, 1):
         log(f"[{i}/{len(rows)}] {fn.__name__} ...")
         t0 = time.perf_counter()
+        if max_seconds is not None and t0 - start > max_seconds:
+            out.append(BenchRow(fn.__name__, float("nan"), "", "", f"not run: the bench's {max_seconds:.0f} s "
+                                "limit was spent on the rows before it", status="SKIP"))
+            log(f"      SKIP: {out[-1].detail}")
+            continue
         with quiet.watch(report=False) as window:
             try:
                 row = fn(settings)
@@ -58,13 +66,15 @@ def run(settings: BenchSettings, rows: list[Callable[[BenchSettings], BenchRow]]
             log(f"      SKIP: {row.detail}")
         else:
             log(f"      {row.status} {row.ratio:.2f} (target {row.target}) in {time.perf_counter() - t0:.0f} s")
+        row.seconds = round(time.perf_counter() - t0, 1)
         out.append(row)
     return out
 
 
 def format_table(rows: list[BenchRow]) -> str:
-    header = ("row", "ratio", "target", "status", "machine", "measured", "setup")
-    lines = [(r.name, f"{r.ratio:.2f}", r.target, r.status, r.machine, r.detail, r.setup) for r in rows]
+    header = ("row", "ratio", "target", "status", "time", "machine", "measured", "setup")
+    lines = [(r.name, f"{r.ratio:.2f}", r.target, r.status, f"{r.seconds:.0f} s", r.machine, r.detail, r.setup)
+             for r in rows]
     widths = [max(len(x[i]) for x in [header, *lines]) for i in range(len(header))]
     fmt = " | ".join(f"{{:<{w}}}" for w in widths)
     return "\n".join([fmt.format(*header), "-+-".join("-" * w for w in widths), *(fmt.format(*x) for x in lines)])
@@ -85,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="CPU threads for torch (default: torch's choice); 1 is steadier on a busy machine")
     p.add_argument("--only", default=None, help="run only rows whose function name contains this")
     p.add_argument("--json", metavar="PATH", default=None, help="also write the table as JSON")
+    p.add_argument("--max-seconds", type=float, default=None,
+                   help="skip the rows that would start after this many seconds (a GPU check's time limit)")
     args = p.parse_args(argv)
     if args.rounds < 1:
         p.error("--rounds must be >= 1")
@@ -93,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--threads must be >= 1")
         torch.set_num_threads(args.threads)
     from labutils.core.devices import pick_device
+    from labutils.core.emulated_cuda import enter_if_asked
+    enter_if_asked()          # LABUTILS_EMULATE_CUDA=1: --device cuda on emulated CUDA (gpu_check --dry-run)
     settings = BenchSettings(device=pick_device(args.device), quick=args.quick, rounds=args.rounds)
     rows = [fn for fn in ROWS if args.only is None or args.only in fn.__name__]
     if not rows:
@@ -106,8 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     # The shared peaks, for reference. Each ratio row still times its own denominator (a copy, a matmul)
     # interleaved with its numerator, so load that drifts during the run hits both sides of the ratio alike.
     print(measured_peaks(settings.device))
-    results = run(settings, rows)
-    print()
+    t0 = time.perf_counter()
+    results = run(settings, rows, max_seconds=args.max_seconds)
+    print(f"\n{len(results)} rows in {time.perf_counter() - t0:.0f} s")
     print(format_table(results))
     busy = [r.name for r in results if r.machine == "busy"]
     if busy:

@@ -42,6 +42,7 @@ class BenchRow:
     detail: str                 # the two measured sides
     status: str = ""            # PASS / FAIL / ERROR, or SKIP (cannot run here; detail says why)
     machine: str = "quiet"      # "busy" when other processes used the CPU while the row ran (labutils.perf.quiet)
+    seconds: float = 0.0        # how long the row took, set by the runner
 
     def __post_init__(self):
         if not self.status:

