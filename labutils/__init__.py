@@ -1,7 +1,7 @@
 """labutils: the tested code behind the Prefill & Decode Lab notebooks.
 
 The parts follow the course, bottom to top (LAYERS); each imports only from its own part and those below it:
-  core      argument parsing, the dtype table, devices, data/, progress bars, fake CUDA
+  core      argument parsing, the dtype table, devices, data/, progress bars, fake and emulated CUDA
   text      tokenizer, streaming detokenizer, corpus                      (lessons 01)
   model     GPT, presets, attention kernels, checkpoints, loss            (02-04)
   perf      timers, busy check, probes, datasheets, peaks, roofline counts (00, 07)
@@ -10,7 +10,8 @@ The parts follow the course, bottom to top (LAYERS); each imports only from its 
   measure   the lessons' experiments and claims that check themselves
   figures   plotly figures shared by lessons and widgets
   widgets   thin ipywidgets views
-The top-level modules are the course's commands: `python -m labutils.bench | labutils.train | labutils.gpu_table`.
+The top-level modules are the course's commands: `python -m labutils.bench | labutils.train | labutils.gpu_table |
+labutils.gpu_check`.
 """
 from __future__ import annotations
 
