@@ -1,4 +1,4 @@
-"""The ground floor: argument parsing (validate), the dtype table, devices, the data/ folder, progress bars, fake and emulated CUDA, seeded inputs.
+"""The ground floor: parsing (validate), dtypes, devices, data/, progress bars, fake and emulated CUDA, seeded inputs.
 May import: nothing else of labutils. Every other part may import it."""
 from labutils.core.surface import lazy_surface
 

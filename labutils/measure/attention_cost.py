@@ -108,7 +108,8 @@ def cpu_memory_events(fn) -> list[int]:
 
 
 def sdpa_kernel_name(q, k, v) -> str:
-    """Which kernel F.scaled_dot_product_attention picks for these tensors (flash, efficient, cudnn, math)."""
+    """Which kernel the course's SDPA call runs for these tensors (flash, efficient, cudnn, math): on CUDA the one it
+    chose first that takes them (model.kernels.attention.CUDA_SDPA_BACKENDS), elsewhere PyTorch's pick."""
     from torch.profiler import ProfilerActivity, profile
 
     with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -171,8 +172,7 @@ def measure_causal_skip(seq_len: int = 2048, *, n_head: int = 4, head_dim: int =
     `threads=1` on a CPU by default: the tiled kernel issues thousands of small products, and with
     more threads than free cores each one waits on the others, which swamps the effect being measured.
     """
-    import torch.nn.functional as F
-    from labutils.model.kernels import tiled_attention
+    from labutils.model.kernels import sdpa, tiled_attention
 
     seq_len = check_count("seq_len", seq_len, 1)
     block = check_count("block", block, 1, hint="a tile holds at least one query and one key")
@@ -180,8 +180,8 @@ def measure_causal_skip(seq_len: int = 2048, *, n_head: int = 4, head_dim: int =
     q, k, v = make_qkv(seq_len, n_head, head_dim, device=device)
     runs = {"tiled, causal": lambda: tiled_attention(q, k, v, block_q=block, block_k=block),
             "tiled, full": lambda: tiled_attention(q, k, v, causal=False, block_q=block, block_k=block),
-            "sdpa, causal": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-            "sdpa, full": lambda: F.scaled_dot_product_attention(q, k, v)}
+            "sdpa, causal": lambda: sdpa(q, k, v, is_causal=True),
+            "sdpa, full": lambda: sdpa(q, k, v)}
     with torch_threads(threads if torch.device(device).type == "cpu" else None):
         return {name: time_fn(fn, device=device, warmup=1, repeats=repeats).median_s * 1e3
                 for name, fn in runs.items()}

@@ -70,7 +70,7 @@ def naive_attention(q, k, v, q_offset: int = 0, mask: torch.Tensor | None = None
 _ORDERED = {"set_priority": True} if "set_priority" in inspect.signature(sdpa_kernel).parameters else {}
 
 
-def _sdpa(q, k, v, **kwargs) -> torch.Tensor:
+def sdpa(q, k, v, **kwargs) -> torch.Tensor:
     """The course's one call of F.scaled_dot_product_attention: on CUDA under CUDA_SDPA_BACKENDS, in that order."""
     if q.device.type != "cuda":
         return F.scaled_dot_product_attention(q, k, v, **kwargs)
@@ -78,7 +78,17 @@ def _sdpa(q, k, v, **kwargs) -> torch.Tensor:
         return F.scaled_dot_product_attention(q, k, v, **kwargs)
 
 
-def _grouped_sdpa(q, k, v, mask: torch.Tensor) -> torch.Tensor:
+def sdpa_choice(device) -> str:
+    """The SDPA kernels the course allows on `device`, in its order, in words (lesson 03 prints it)."""
+    if torch.device(device).type != "cuda":
+        return "PyTorch's own pick (the course chooses only on CUDA)"
+    names = {SDPBackend.FLASH_ATTENTION: "flash", SDPBackend.EFFICIENT_ATTENTION: "memory-efficient",
+             SDPBackend.MATH: "math"}
+    return (", then ".join(names[b] for b in CUDA_SDPA_BACKENDS)
+            + "; never cuDNN's attention, which builds a new plan for every new sequence length")
+
+
+def _groupedsdpa(q, k, v, mask: torch.Tensor) -> torch.Tensor:
     """Masked GQA without copying K/V: fold each group of query heads into the query axis.
 
     q [B, n_head, Tq, d] -> [B, n_kv, group * Tq, d], so every KV head meets its own queries;
@@ -88,11 +98,11 @@ def _grouped_sdpa(q, k, v, mask: torch.Tensor) -> torch.Tensor:
     B, H, tq, d = q.shape
     group = _group(q, k)
     if group == 1:
-        return _sdpa(q, k, v, attn_mask=mask)
+        return sdpa(q, k, v, attn_mask=mask)
     qg = q.reshape(B, k.shape[1], group * tq, d)       # a view when tq == 1 (decode)
     if tq > 1:   # the query rows are now (group, tq): tile the mask's query axis to match
         mask = mask.repeat(*([1] * (mask.dim() - 2)), group, 1)
-    out = _sdpa(qg, k, v, attn_mask=mask)
+    out = sdpa(qg, k, v, attn_mask=mask)
     # reshape, never view: the layout of a fused kernel's output is the kernel's choice. CUDA's return it as
     # [B, T, H, d] in memory seen as [B, H, T, d], where a view across the head axis raises; the CPU's never do.
     return out.reshape(B, H, tq, d)
@@ -107,14 +117,14 @@ def sdpa_attention(q, k, v, q_offset: int = 0, mask: torch.Tensor | None = None)
     gqa = _group(q, k) > 1
     tq, tk = q.shape[-2], k.shape[-2]
     if mask is not None:
-        return _grouped_sdpa(q, k, v, mask)
+        return _groupedsdpa(q, k, v, mask)
     if tk == q_offset + tq and tq == 1:
         # A decode step: the single query is the newest position and may see every key.
-        return _sdpa(q, k, v, enable_gqa=gqa)
+        return sdpa(q, k, v, enable_gqa=gqa)
     if q_offset == 0 and tq == tk:
-        return _sdpa(q, k, v, is_causal=True, enable_gqa=gqa)
+        return sdpa(q, k, v, is_causal=True, enable_gqa=gqa)
     # is_causal aligns the mask top-left, which is wrong for an offset query block: pass it explicitly.
-    return _grouped_sdpa(q, k, v, causal_mask(tq, tk, q_offset, q.device))
+    return _groupedsdpa(q, k, v, causal_mask(tq, tk, q_offset, q.device))
 
 
 ATTENTION_IMPLS = {"naive": naive_attention, "sdpa": sdpa_attention}
