@@ -38,10 +38,13 @@ ROWS: list[Callable[[BenchSettings], BenchRow]] = [recompute_vs_cached, tpot_lon
 
 
 def run(settings: BenchSettings, rows: list[Callable[[BenchSettings], BenchRow]] | None = None,
-        log: Callable[[str], None] = print, max_seconds: float | None = None) -> list[BenchRow]:
+        log: Callable[[str], None] = print, max_seconds: float | None = None,
+        on_row: Callable[[list[BenchRow]], None] | None = None) -> list[BenchRow]:
     """Measure every row, logging a progress line per row; an error becomes an ERROR row, not a crash.
 
     max_seconds: once the rows so far took that long, the rest are SKIP rows that say so (a GPU check's time limit).
+    on_row: called with the rows so far after each one (the command writes its JSON there, so a run stopped from
+    outside keeps the rows it finished).
     """
     rows = ROWS if rows is None else rows
     out, start = [], time.perf_counter()
@@ -68,6 +71,8 @@ def run(settings: BenchSettings, rows: list[Callable[[BenchSettings], BenchRow]]
             log(f"      {row.status} {row.ratio:.2f} (target {row.target}) in {time.perf_counter() - t0:.0f} s")
         row.seconds = round(time.perf_counter() - t0, 1)
         out.append(row)
+        if on_row is not None:
+            on_row(out)
     return out
 
 
@@ -121,7 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     # interleaved with its numerator, so load that drifts during the run hits both sides of the ratio alike.
     print(measured_peaks(settings.device))
     t0 = time.perf_counter()
-    results = run(settings, rows, max_seconds=args.max_seconds)
+    def save(done: list[BenchRow]) -> None:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(to_json(done, settings), f, indent=2)
+    results = run(settings, rows, max_seconds=args.max_seconds, on_row=save)
     print(f"\n{len(results)} rows in {time.perf_counter() - t0:.0f} s")
     print(format_table(results))
     busy = [r.name for r in results if r.machine == "busy"]
@@ -129,7 +138,5 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{quiet.MARKER} {len(busy)} of {len(results)} rows ran while other processes held the CPU "
               f"({', '.join(busy)}); {quiet.ADVICE}, then run the bench again")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(to_json(results, settings), f, indent=2)
         print(f"\nwrote {args.json}")
     return 1 if any(r.status == "ERROR" for r in results) else 0
