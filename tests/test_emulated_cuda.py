@@ -169,3 +169,13 @@ def test_every_bench_row_runs_on_emulated_cuda():
     errors = [f"{r.name}: {r.detail}" for r in rows if r.status == "ERROR"]
     assert not errors, errors
     assert all(r.status != "SKIP" or "vLLM" in r.name for r in rows)
+
+
+def test_moving_a_model_keeps_its_tied_weights_tied():
+    cfg = GPTConfig(vocab_size=64, context_length=32, n_layer=1, n_head=2, n_embd=16)
+    torch.manual_seed(0)
+    on_cpu = GPT(cfg)
+    with emulated():
+        moved = copy.deepcopy(on_cpu).to("cuda")
+        assert moved.lm_head.weight is moved.tok_emb.weight and moved.lm_head.weight.is_cuda
+        assert moved.num_params() == on_cpu.num_params()

@@ -21,7 +21,8 @@ def test_summary_numbers_come_from_the_formulas(preset, dtype):
         assert kv_cache_bytes(preset, s["crossover_tokens"], 3, dtype) > s["weight_bytes"]
         assert kv_cache_bytes(preset, s["crossover_tokens"] - 1, 3, dtype) <= s["weight_bytes"]
     assert kv_cache_bytes(preset, ctx, s["batch_to_exceed"], dtype) > s["weight_bytes"]
-    assert kv_cache_bytes(preset, ctx, s["batch_to_exceed"] - 1, dtype) <= s["weight_bytes"]
+    if s["batch_to_exceed"] > 1:        # Llama 3.2's 131,072-token context outgrows the weights at batch 1
+        assert kv_cache_bytes(preset, ctx, s["batch_to_exceed"] - 1, dtype) <= s["weight_bytes"]
     assert s["crossover_in_context"] == (s["crossover_tokens"] is not None and s["crossover_tokens"] <= ctx)
 
 

@@ -54,14 +54,11 @@ def test_every_preset_builds_a_config_of_the_right_size(name):
     shape = PRESETS[name]
     cfg = GPTConfig.preset(name)
     assert cfg.head_dim == shape.head_dim and cfg.n_kv_head == shape.n_kv_head
-    if name.startswith("gpt2") or name == "tiny":
-        assert cfg.num_params() == shape.n_params
-    else:
-        # Llama-style models use RoPE (no position table) and RMSNorm; without our learned position
-        # table the rest (LayerNorm biases, Qwen's QKV biases) is within 0.5%, while a wrong FFN
-        # width, gating or tying would be off by several percent.
-        without_positions = cfg.num_params() - cfg.context_length * cfg.n_embd
-        assert abs(without_positions - shape.n_params) / shape.n_params < 0.005
+    # Llama-style presets build with RoPE (no position table) and RMSNorm, as the models do: every count is the
+    # published one, but Qwen2.5's, whose Q, K and V projections carry biases (one per output, in every layer).
+    assert cfg.rope == (not shape.learned_positions) and cfg.norm == ("rmsnorm" if cfg.rope else "layernorm")
+    qkv_biases = cfg.n_layer * (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim if name.startswith("qwen") else 0
+    assert cfg.num_params() + qkv_biases == shape.n_params
 
 
 def test_preset_overrides_and_unknown_names():

@@ -61,7 +61,7 @@ def free_memory_bytes(device: torch.device | str | None = None) -> int | None:
     """Bytes we could still allocate on `device`, or None where the platform does not say."""
     device = resolve_device(device)
     if device.type == "cuda":
-        return None if fake_cuda.active() else torch.cuda.mem_get_info(device)[0]
+        return None if fake_cuda.shapes_only() else torch.cuda.mem_get_info(device)[0]
     if device.type == "mps":
         try:
             return int(torch.mps.recommended_max_memory() - torch.mps.driver_allocated_memory())

@@ -129,7 +129,7 @@ class _FunctionChecks(torch.overrides.TorchFunctionMode):
             return CudaTensor(func(*args, **{**kwargs, "device": "cpu"}))
         gen = kwargs.get("generator")
         if gen is not None:
-            tensors = [x for x in pytree.tree_leaves(args) if isinstance(x, torch.Tensor)]
+            tensors = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
             out_cuda = (_wants_cuda(kwargs["device"]) if kwargs.get("device") is not None
                         else bool(tensors) and _is_cuda(tensors[0]))
             gen_cuda = id(gen) in _cuda_generators
@@ -237,6 +237,33 @@ def _runtime_patches() -> list:
     return [mock.patch.object(c, name, value) for name, value in stand_ins.items()]
 
 
+_real_apply = torch.nn.Module._apply
+_applying = False
+
+
+def _apply_keeping_ties(self, fn, *args, **kwargs):
+    """Module._apply making new Parameters (above) gives each module its own copy of a tied weight (GPT-2's
+    embedding and output layer): tie them again, as torch's default conversion keeps them."""
+    global _applying
+    if _applying:
+        return _real_apply(self, fn, *args, **kwargs)
+    owners: dict[int, list[tuple[torch.nn.Module, str]]] = {}
+    for module in self.modules():
+        for name, p in module._parameters.items():
+            if p is not None:
+                owners.setdefault(id(p), []).append((module, name))
+    _applying = True
+    try:
+        out = _real_apply(self, fn, *args, **kwargs)
+    finally:
+        _applying = False
+    for tied in owners.values():
+        first = tied[0][0]._parameters[tied[0][1]]
+        for module, name in tied[1:]:
+            module._parameters[name] = first
+    return out
+
+
 _stack: contextlib.ExitStack | None = None
 
 
@@ -263,6 +290,7 @@ def enter() -> None:
     before = torch.__future__.get_overwrite_module_params_on_conversion()
     torch.__future__.set_overwrite_module_params_on_conversion(True)
     stack.callback(torch.__future__.set_overwrite_module_params_on_conversion, before)
+    stack.enter_context(mock.patch.object(torch.nn.Module, "_apply", _apply_keeping_ties))
     stack.enter_context(_Mode())
     stack.enter_context(_FunctionChecks())
     stack.callback(_flag, False)

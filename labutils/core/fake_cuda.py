@@ -37,6 +37,11 @@ def active() -> bool:
     return _ACTIVE.get() is not None or _emulating
 
 
+def shapes_only() -> bool:
+    """True inside fake_cuda(): tensors have no values, and no device can say how much memory it has free."""
+    return _ACTIVE.get() is not None
+
+
 def is_fake(t) -> bool:
     """A tensor with shape, dtype and device but no values (FakeTensor, or a meta tensor)."""
     if not isinstance(t, torch.Tensor):

@@ -13,6 +13,7 @@ from labutils.decode.loop import generate
 from labutils.core.devices import default_dtype, free_memory_bytes, is_oom, pick_device
 from labutils.decode.kvcache import KVCache
 from labutils.perf.timing import time_fn
+from labutils.model.build import build
 from labutils.model.gpt import GPT, GPTConfig
 from labutils.perf.peaks import measured_peaks
 from labutils.model.presets import PRESETS
@@ -173,8 +174,7 @@ def _get_model(preset: str, cfg: GPTConfig, dtype: torch.dtype, device: torch.de
         raise ValueError(f"{preset} in {dtype_name(dtype)} needs about {need / 1e9:.1f} GB to build, but only "
                          f"{free / 1e9:.1f} GB is free on {device.type}; choose a smaller preset"
                          + (", or a 2-byte dtype on a GPU" if dtype == torch.float32 else ""))
-    with torch.device(device):    # on a GPU the random initialisation runs there, which is much faster
-        model = GPT(cfg).to(dtype).eval()
+    model = build(cfg, device, dtype, seed=0)    # on the device, in its dtype: no fp32 copy of a 7B model first
     # One short untimed request: the first call pays one-off costs (allocator, kernel selection).
     generate(model, torch.zeros(1, 4, dtype=torch.long), 2)
     _MODELS[key] = model

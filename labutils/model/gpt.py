@@ -66,9 +66,11 @@ class GPTConfig:
     def preset(cls, name: str, **overrides) -> "GPTConfig":
         """Named shapes from labutils.model.presets: "tiny", "gpt2-small" ... "llama-3-8b", "mistral-7b"."""
         s = get_shape(name)
+        # The Llama family (no position table) rotates q and k and normalises with RMSNorm; GPT-2 learns positions.
         cfg = cls(vocab_size=s.vocab_size, context_length=s.context_length, n_layer=s.n_layer,
                   n_head=s.n_head, n_embd=s.n_embd, n_kv_head=s.n_kv_head, n_inner=s.n_inner,
-                  gated_mlp=s.gated_mlp, bias=not s.gated_mlp, tie_weights=s.tie_weights)
+                  gated_mlp=s.gated_mlp, bias=not s.gated_mlp, tie_weights=s.tie_weights,
+                  rope=not s.learned_positions, norm="layernorm" if s.learned_positions else "rmsnorm")
         return dataclasses.replace(cfg, **overrides)
 
     def num_params(self) -> int:
@@ -208,21 +210,22 @@ class Block(nn.Module):
 MAX_LAYERS = 1024
 
 
-def check_buildable(config: GPTConfig) -> None:
+def check_buildable(config: GPTConfig, device: torch.device | None = None, dtype: torch.dtype | None = None) -> None:
     """Refuse a model this machine cannot build, before any parameter is allocated: too many layers, or
-    more parameter bytes (in torch's default dtype, on its default device) than the free memory."""
+    more parameter bytes (in `dtype` on `device`; by default torch's default dtype and device) than the free
+    memory."""
     if not isinstance(config, GPTConfig):
         raise TypeError(f"GPT takes a GPTConfig, got {type(config).__name__}; use GPT(GPTConfig(...)) or "
                         "GPTConfig.preset(name)")
     if config.n_layer > MAX_LAYERS:
         raise ValueError(f"GPTConfig.n_layer={config.n_layer:,} is more than {MAX_LAYERS} layers, deeper than any "
                          "real model; building it would not finish. Choose a few to a hundred layers")
-    device = torch.get_default_device()
+    device = torch.get_default_device() if device is None else torch.device(device)
     if device.type not in ("cpu", "cuda", "mps"):
         return                                   # meta and the like hold shapes, not memory
     from labutils.core.devices import free_memory_bytes
     from labutils.core.validate import DoesNotFitError
-    dtype = torch.get_default_dtype()
+    dtype = torch.get_default_dtype() if dtype is None else dtype
     n_params = config.num_params()
     need, free = n_params * dtype.itemsize, free_memory_bytes(device)
     if free is not None and need > 0.9 * free:
@@ -244,22 +247,34 @@ class GPT(nn.Module):
             block.attn.layer_idx = i
         self.ln_f = make_norm(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        if config.tie_weights:
+        self.tie_weights()
+        self.init_weights()
+
+    def tie_weights(self) -> "GPT":
+        """GPT-2 reuses the token embedding as the output layer (config.tie_weights): one tensor, counted once.
+        Moving a model to new memory (to_empty, in model.build) makes a tensor per module, so it ties them again."""
+        if self.config.tie_weights:
             self.lm_head.weight = self.tok_emb.weight
-        self.apply(self._init_weights)
+        return self
+
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator | None = None) -> "GPT":
+        """GPT-2's initialisation, module by module, in place, wherever the weights live (model.build fills a model
+        allocated on the device this way, with a generator on that device)."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02, generator=generator)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+            if isinstance(module, (nn.LayerNorm, RMSNorm)):
+                nn.init.ones_(module.weight)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
         # GPT-2: scale the residual projections so the residual stream's variance does not grow with depth.
         for name, p in self.named_parameters():
             if name.endswith("proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / (2 * config.n_layer) ** 0.5)
-
-    @staticmethod
-    def _init_weights(module):
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+                nn.init.normal_(p, mean=0.0, std=0.02 / (2 * self.config.n_layer) ** 0.5, generator=generator)
+        return self
 
     def num_params(self) -> int:
         """Unique parameters: parameters() yields a tied tensor once, so the shared embedding counts once."""

@@ -68,6 +68,11 @@ PRESETS: dict[str, ModelShape] = {s.name: s for s in [
     _gpt2("gpt2-medium", 24, 16, 1024, 354_823_168),
     _gpt2("gpt2-large", 36, 20, 1280, 774_030_080),
     _gpt2("gpt2-xl", 48, 25, 1600, 1_557_611_200),
+    # Llama 3.2's small models, for GPUs that cannot hold a 7B model in 16 bits beside a cache (8 KV heads, tied).
+    ModelShape("llama-3.2-1b", 16, 32, 8, 2048, 128256, 131072, 8192, True, True, 1_235_814_400,
+               "huggingface.co/meta-llama/Llama-3.2-1B (GQA, 8 KV heads)", learned_positions=False),
+    ModelShape("llama-3.2-3b", 28, 24, 8, 3072, 128256, 131072, 8192, True, True, 3_212_749_824,
+               "huggingface.co/meta-llama/Llama-3.2-3B (GQA, 8 KV heads)", learned_positions=False),
     ModelShape("llama-2-7b", 32, 32, 32, 4096, 32000, 4096, 11008, True, False, 6_738_415_616,
                "huggingface.co/meta-llama/Llama-2-7b-hf", learned_positions=False),
     ModelShape("llama-2-13b", 40, 40, 40, 5120, 32000, 4096, 13824, True, False, 13_015_864_320,

@@ -1,0 +1,75 @@
+"""Which model a lesson measures on this device: the CPU's small shapes, or on a GPU the largest published shape
+whose 16-bit weights and the lesson's cache fit in about half its free memory.
+
+A GPU's roofs show only on models big enough: gpt2-small reads 0.25 GB a decode step, 0.06 ms at an H200's 4.2 TB/s,
+far less than launching its kernels costs, so its decode measures overhead, not bytes. A 7B model reads 13.5 GB in
+bf16, a 3.2 ms floor there, and a 1,000-token prefill is 13-16 TFLOP, about 20 ms at 776 TFLOP/s: both phases are
+then set by the hardware. Half the free memory leaves room for activations, the other side of a comparison (an int8
+copy, a draft) and what the learner already holds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from labutils.core.devices import default_dtype, describe_device, free_memory_bytes, resolve_device
+from labutils.core.dtypes import dtype_name
+from labutils.core.validate import check_choice, check_count, check_number
+from labutils.model.presets import PRESETS
+from labutils.perf.roofline import kv_cache_bytes, weight_bytes
+
+GPU_SHAPES = ("llama-2-7b", "llama-3.2-3b", "llama-3.2-1b")    # largest first: the seeds' 7B, then Llama 3.2's
+MEMORY_SHARE = 0.5
+HOW_TO_CHOOSE = ("to measure another, set the lesson's PRESET to any name in labutils.model.PRESETS "
+                 "(weights and cache must fit the device)")
+
+
+@dataclass(frozen=True)
+class ShapeChoice:
+    """The preset a lesson measures on, the dtype it runs in, and why, in a line a lesson prints."""
+
+    preset: str
+    dtype: torch.dtype
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.preset} in {dtype_name(self.dtype)}: {self.why}\n({HOW_TO_CHOOSE})"
+
+
+def shape_for(device, cpu_preset: str, *, cache_tokens: int, batch: int = 1,
+              share: float = MEMORY_SHARE) -> ShapeChoice:
+    """The lesson's model on `device`: `cpu_preset` in fp32 off CUDA; on CUDA the first of GPU_SHAPES whose weights
+    plus a cache of `batch` x `cache_tokens` tokens, in bf16 (fp16 where the GPU has no bf16), take at most `share`
+    of the free memory. A GPU too small for all of them keeps `cpu_preset`, and says so."""
+    device = resolve_device(device)
+    cpu_preset = check_choice("cpu_preset", cpu_preset, PRESETS)
+    cache_tokens = check_count("cache_tokens", cache_tokens, 1)
+    batch = check_count("batch", batch, 1)
+    share = check_number("share", share, above=0.0, maximum=1.0, hint="the share of free memory, such as 0.5")
+    if device.type != "cuda":
+        return ShapeChoice(cpu_preset, torch.float32, f"the course's shape on {device.type}, where it measures "
+                                                      "both phases in seconds")
+    dtype = default_dtype(device)
+    sixteen = "" if dtype == torch.bfloat16 else "; fp16, because this GPU has no bf16"
+    free = free_memory_bytes(device)
+    where = describe_device(device)
+    if free is None:
+        return ShapeChoice(cpu_preset, dtype, f"{where} does not say how much memory is free, so the small shape"
+                                              f"{sixteen}")
+    for name in GPU_SHAPES:
+        weights = weight_bytes(name, dtype)
+        cache = kv_cache_bytes(name, cache_tokens, batch, dtype)
+        if weights + cache <= share * free:
+            return ShapeChoice(name, dtype, (
+                f"the largest of {', '.join(GPU_SHAPES)} whose weights ({weights / 1e9:.1f} GB) and cache of "
+                f"{batch} x {cache_tokens:,} tokens ({cache / 1e9:.2f} GB) fit in {share:.0%} of the "
+                f"{free / 1e9:.1f} GB free on {where}{sixteen}"))
+    smallest = GPU_SHAPES[-1]
+    need = weight_bytes(smallest, dtype) + kv_cache_bytes(smallest, cache_tokens, batch, dtype)
+    return ShapeChoice(cpu_preset, dtype, (
+        f"even {smallest} needs {need / 1e9:.1f} GB, more than {share:.0%} of the {free / 1e9:.1f} GB free on "
+        f"{where}, so the small shape; its decode measures overheads more than bytes{sixteen}"))
+
+
+__all__ = ["GPU_SHAPES", "HOW_TO_CHOOSE", "MEMORY_SHARE", "ShapeChoice", "shape_for"]

@@ -1,0 +1,113 @@
+"""The lesson model for the device (perf.shape_choice.shape_for) and random weights built on the device in 16 bits
+(model.build), checked without a GPU: free memory mocked under emulated CUDA, and the build traced on the meta
+device and run on emulated CUDA."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from labutils.core import fake_cuda
+from labutils.core.emulated_cuda import emulated_cuda
+from labutils.core.validate import DoesNotFitError
+from labutils.model.build import build
+from labutils.model.gpt import GPT, GPTConfig
+from labutils.model.presets import PRESETS
+from labutils.perf.roofline import kv_cache_bytes, weight_bytes
+from labutils.perf.shape_choice import GPU_SHAPES, shape_for
+
+GB = 1e9
+
+
+@pytest.fixture(scope="module", autouse=True)
+def guard():
+    fake_cuda.install_guard()
+
+
+def gpu(monkeypatch, free_gb: float, bf16: bool = True):
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (int(free_gb * GB), int(141 * GB)))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+
+
+@pytest.mark.parametrize("free_gb, want", [(139.0, "llama-2-7b"), (30.0, "llama-2-7b"), (28.0, "llama-3.2-3b"),
+                                           (12.0, "llama-3.2-1b"), (4.0, "gpt2-small")])
+def test_the_largest_shape_whose_weights_and_cache_fit_half_the_free_memory(free_gb, want, monkeypatch):
+    with emulated_cuda():
+        gpu(monkeypatch, free_gb)
+        choice = shape_for("cuda", "gpt2-small", cache_tokens=1200)
+    assert choice.preset == want and choice.dtype == torch.bfloat16
+    if want in GPU_SHAPES:
+        need = weight_bytes(want, torch.bfloat16) + kv_cache_bytes(want, 1200, 1, torch.bfloat16)
+        assert need <= 0.5 * free_gb * GB
+        larger = GPU_SHAPES[:GPU_SHAPES.index(want)]
+        assert all(weight_bytes(n, torch.bfloat16) + kv_cache_bytes(n, 1200, 1, torch.bfloat16) > 0.5 * free_gb * GB
+                   for n in larger)
+        assert f"{free_gb:.1f} GB free" in choice.why
+    else:
+        assert "even llama-3.2-1b needs" in choice.why
+    assert "PRESET" in str(choice)                    # every lesson prints how to choose another
+
+
+def test_a_bigger_cache_moves_the_choice_down(monkeypatch):
+    with emulated_cuda():
+        gpu(monkeypatch, 40.0)
+        small = shape_for("cuda", "gpt2-small", cache_tokens=1000)
+        big = shape_for("cuda", "gpt2-small", cache_tokens=4096, batch=8)
+    assert (small.preset, big.preset) == ("llama-2-7b", "llama-3.2-3b")
+
+
+def test_fp16_where_the_gpu_has_no_bf16(monkeypatch):
+    with emulated_cuda():
+        gpu(monkeypatch, 80.0, bf16=False)
+        choice = shape_for("cuda", "gpt2-small", cache_tokens=1000)
+    assert choice.dtype == torch.float16 and "no bf16" in choice.why
+
+
+def test_off_cuda_the_lesson_keeps_its_own_shape():
+    choice = shape_for("cpu", "tiny", cache_tokens=100_000)
+    assert (choice.preset, choice.dtype) == ("tiny", torch.float32)
+    with pytest.raises(ValueError, match="cpu_preset"):
+        shape_for("cpu", "llama-9", cache_tokens=10)
+    with pytest.raises(ValueError, match="share"):
+        shape_for("cpu", "tiny", cache_tokens=10, share=0)
+
+
+def test_every_llama_preset_builds_as_its_published_parameter_count():
+    for name in ("llama-3.2-1b", "llama-3.2-3b", "llama-2-7b", "llama-3-8b", "mistral-7b"):
+        cfg = GPTConfig.preset(name)
+        assert cfg.rope and cfg.norm == "rmsnorm" and cfg.num_params() == PRESETS[name].n_params
+        with torch.device("meta"):
+            assert GPT(cfg).num_params() == PRESETS[name].n_params
+
+
+def test_a_7b_model_is_laid_out_in_16_bits_without_a_byte_of_fp32(monkeypatch):
+    """The build never makes an fp32 copy: every allocation it asks for on the device is bf16 (traced on emulated
+    CUDA with a 7B shape cut to 2 layers, so it runs in seconds)."""
+    cfg = GPTConfig.preset("llama-2-7b", n_layer=2, vocab_size=1024)
+    seen = []
+    real_empty = torch.empty_like
+
+    def spy(t, *a, **k):
+        seen.append(k.get("dtype", t.dtype))
+        return real_empty(t, *a, **k)
+    with emulated_cuda():
+        monkeypatch.setattr(torch, "empty_like", spy)
+        model = build(cfg, "cuda", torch.bfloat16, seed=0)
+    assert seen and set(seen) == {torch.bfloat16}
+    params = list(model.parameters())
+    assert all(p.is_cuda and p.dtype == torch.bfloat16 for p in params)
+    assert model.num_params() == cfg.num_params()
+    assert 0.015 < model.tok_emb.weight.float().std().item() < 0.025       # GPT-2's init, not empty memory
+
+
+def test_the_build_is_seeded_and_refuses_what_does_not_fit(monkeypatch):
+    cfg = GPTConfig(vocab_size=64, context_length=32, n_layer=2, n_head=2, n_embd=16)
+    a, b = build(cfg, "cpu", torch.bfloat16, seed=3), build(cfg, "cpu", torch.bfloat16, seed=3)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert a.lm_head.weight is a.tok_emb.weight                # tied weights stay tied
+    torch.manual_seed(0)
+    plain = GPT(cfg)
+    assert not torch.equal(plain.tok_emb.weight.bfloat16(), a.tok_emb.weight)
+    with emulated_cuda():
+        gpu(monkeypatch, 10.0)
+        with pytest.raises(DoesNotFitError, match=r"13\.5 GB in torch.bfloat16, but only 10\.0 GB is free on cuda"):
+            build(GPTConfig.preset("llama-2-7b"), "cuda", torch.bfloat16)
