@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from labutils.model.checkpoints import DATA_DIR, load_checkpoint, save_checkpoint
 from labutils.model.gpt import GPT, GPTConfig
-from labutils.core.validate import check_count, check_number
+from labutils.core.validate import check_count, check_device, check_number, check_seed
 from labutils.text.dataset import course_tokens
 from labutils.model.loss import heldout_loss, unigram_loss
 
@@ -121,6 +121,8 @@ def train(config: GPTConfig, steps: int, batch_size: int, tokens: torch.Tensor |
     """
     for name, value in (("steps", steps), ("batch_size", batch_size)):
         check_count(name, value, 1)
+    device, seed = check_device("device", device), check_seed(seed)      # parsed once, here, by the course
+    weight_decay = check_number("weight_decay", weight_decay, minimum=0, hint="a decay such as 0.1, or 0 for none")
     if tokens is None:
         tokens, _ = course_tokens()
     seq_len = seq_len or config.context_length

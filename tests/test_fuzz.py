@@ -860,3 +860,39 @@ def test_a_quiz_observer_never_raises(clicks):
                     q.check(index, 0)
         return q
     outcome("widgets.Quiz observer", run, [], lambda quiz: quiz.n_answered <= 2 and "Score" in quiz.score.value)
+
+
+# ---- a device name is parsed by the course, at the public call (issue 29 §5) ----------------------------------------
+
+def _device_calls():
+    from labutils.decode import quant
+    from labutils.measure import attention_cost
+    from labutils.train import train
+    tiny = GPTConfig(vocab_size=16, context_length=8, n_layer=1, n_head=2, n_embd=8)
+    tokens = torch.arange(64) % 16
+    return {"make_qkv": lambda d: attention_cost.make_qkv(8, n_head=2, head_dim=4, device=d),
+            "measure_attention": lambda d: attention_cost.measure_attention([8], n_head=2, head_dim=4, device=d,
+                                                                            warmup=0, repeats=1),
+            "synchronize": lambda d: timing.synchronize(d),
+            "int8_paths": lambda d: quant.int8_paths(8, 8, device=d, rounds=1, repeats=1),
+            "as_batch": lambda d: gen.as_batch([1, 2], d),
+            "train": lambda d: train(tiny, 1, 1, tokens, device=d, show_progress=False)}
+
+
+DEVICE_CALLS = _device_calls()
+
+
+@settings(FUZZ, max_examples=80)
+@given(which=st.sampled_from(list(DEVICE_CALLS)), device=bad_devices)
+def test_a_device_torch_cannot_use_is_refused_by_the_course(which, device):
+    """make_qkv(8, device="cuda") on a machine without CUDA used to say torch's "Torch not compiled with CUDA
+    enabled"; every such call now parses its device first and names it."""
+    outcome(f"device: {which}", lambda: DEVICE_CALLS[which](device), ["device"])
+
+
+@pytest.mark.parametrize("kwargs, name", [(dict(seed=-1), "seed"), (dict(weight_decay=-10), "weight_decay")])
+def test_train_refuses_a_negative_seed_or_decay(kwargs, name):
+    from labutils.train import train
+    cfg = GPTConfig(vocab_size=16, context_length=8, n_layer=1, n_head=2, n_embd=8)
+    with pytest.raises(ValueError, match=name):
+        train(cfg, 1, 1, torch.arange(64) % 16, show_progress=False, **kwargs)

@@ -10,7 +10,7 @@ import torch
 from labutils.core import fake_cuda
 from labutils.perf import timing
 from labutils.decode.kvcache import KVCache
-from labutils.core.validate import (check_cache, check_count, check_flag, check_number, check_probability,
+from labutils.core.validate import (check_cache, check_count, check_device, check_flag, check_number, check_probability,
                                     check_seed, check_temperature, describe, model_device, model_dtype)
 
 
@@ -179,6 +179,7 @@ class GenerationResult:
 
 def as_batch(ids, device) -> torch.Tensor:
     """Accept a list of ids, a 1-D tensor (batch 1) or a [batch, T] tensor; refuse anything else."""
+    device = check_device("device", device)
     if isinstance(ids, (list, tuple)):
         try:
             ids = torch.tensor(ids)      # keeps the element type, so floats are caught below

@@ -33,7 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from labutils.perf import roofline, timing
-from labutils.core.validate import check_count
+from labutils.core.validate import DEVICE_KINDS, check_count, check_device
 
 # Model dtypes Int8Linear can serve, per device type. The CPU kernel computes in bf16 either way;
 # fp16 activations take its untuned path there, so an fp16 model must be cast to fp32 or bf16 first.
@@ -54,7 +54,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def check_supported(device, dtype: torch.dtype) -> None:
     """Refuse a device or model dtype that Int8Linear has no kernel for, naming the ones it has."""
-    kind = torch.device(device).type
+    kind = check_device("device", device, kinds=(*DEVICE_KINDS, "meta")).type
     if kind not in SUPPORTED:
         raise ValueError(f"int8 weights run on {list(SUPPORTED)}, not {kind!r}; move the model with "
                          "model.to('cpu') (or 'cuda') before quantize_(model)")
@@ -289,7 +289,7 @@ def int8_paths(n_out: int = 3072, n_in: int = 768, batch: int = 1, device=None, 
     every path alike. A path this build of torch cannot run on `device` is left out.
     """
     from labutils.core.devices import pick_device
-    device = pick_device() if device is None else torch.device(device)
+    device = pick_device() if device is None else check_device("device", device)
     for name, value in (("n_out", n_out), ("n_in", n_in), ("batch", batch), ("rounds", rounds),
                         ("repeats", repeats)):
         check_count(name, value, 1)

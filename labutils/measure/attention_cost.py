@@ -12,7 +12,7 @@ from labutils.core.devices import is_oom
 from labutils.core.dtypes import dtype_bytes
 from labutils.core.progress_bar import progress
 from labutils.perf.timing import synchronize, time_fn, torch_threads
-from labutils.core.validate import check_count
+from labutils.core.validate import check_count, check_device
 
 # Standard (unfused) attention moves the [T, T] matrix through main memory four times: QK^T writes
 # the scores S, the softmax reads S and writes the probabilities P, and P @ V reads P. A fused kernel
@@ -123,6 +123,7 @@ def sdpa_kernel_name(q, k, v) -> str:
 def make_qkv(seq_len: int, n_head: int = 4, head_dim: int = 64, batch_size: int = 1, n_kv_head: int | None = None,
              device="cpu", dtype=torch.float32, seed: int = 0):
     """Random q [B, H, T, d] and k, v [B, n_kv_head, T, d], reproducible from `seed`."""
+    device = check_device("device", device)          # "cuda" without a GPU: the course's message, not torch's
     n_kv_head = n_head if n_kv_head is None else n_kv_head
     g = torch.Generator().manual_seed(seed)
     shapes = [(batch_size, n_head, seq_len, head_dim)] + 2 * [(batch_size, n_kv_head, seq_len, head_dim)]
@@ -140,7 +141,7 @@ def measure_attention(seq_lens, *, n_head: int = 4, head_dim: int = 64, batch_si
     for impl in impls:
         if impl not in ATTENTION_IMPLS:
             raise ValueError(f"unknown attention impl {impl!r}; choose one of {list(ATTENTION_IMPLS)}")
-    device = torch.device(device)
+    device = check_device("device", device)
     rows = []
     for seq_len in progress(list(seq_lens), desc="sequence lengths"):
         q, k, v = make_qkv(seq_len, n_head, head_dim, batch_size, device=device, dtype=dtype)

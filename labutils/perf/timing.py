@@ -34,7 +34,7 @@ def torch_threads(n: int | None):
 
 def synchronize(device: torch.device | str | None = None) -> None:
     """Wait until queued device work is done, so a host clock reading means something."""
-    kind = torch.device(device).type if device is not None else None
+    kind = check_device("device", device).type if device is not None else None
     if fake_cuda.active():                  # shapes only: there is no device to wait for
         return
     if kind == "cuda" or (kind is None and torch.cuda.is_available()):
