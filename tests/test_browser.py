@@ -20,7 +20,8 @@ came up blank, or a static figure that did. What runs, and why:
 - lesson 10, whole: every figure draws, each best-k star in its line's colour.
 The partial lessons read those cells from the .ipynb at test time, so the test cannot drift from the lesson.
 
-Every widget test saves a screenshot to docs/ (SCREENSHOT_DIR=... puts them elsewhere); the README shows some of them.
+Every widget test saves a screenshot to a temporary folder, so a test run leaves the checkout as it was;
+SCREENSHOT_DIR=docs refreshes the pictures the README and docs/widgets.md show.
 The kernel: the server gets its own kernelspec "prefill-decode-lab" (a temp JUPYTER_PATH entry running this Python) and
 PYTHONPATH starting with this checkout, and a first cell checks that the kernel imports this checkout's labutils.
 Needs chromium (Debian: `apt-get install chromium fonts-noto-cjk fonts-noto-color-emoji`; `.ci/run` installs them) and
@@ -48,7 +49,8 @@ from notebook_links import anchors
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = ROOT / "notebooks"
-SHOTS = Path(os.environ.get("SCREENSHOT_DIR") or ROOT / "docs")
+SHOTS = Path(os.environ.get("SCREENSHOT_DIR") or tempfile.gettempdir()) / (
+    "" if os.environ.get("SCREENSHOT_DIR") else "prefill-decode-lab-screenshots")
 CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
