@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -118,6 +120,19 @@ def check_seed(value, name: str = "seed") -> int:
     """A random seed: a whole number in [0, 2**63), what torch.Generator.manual_seed takes."""
     return check_count(name, value, 0, 2 ** 63 - 1,
                        hint="any whole number >= 0 picks a reproducible stream; None picks none")
+
+
+def check_path(name: str, value) -> Path:
+    """A file or folder name: a non-empty str or os.PathLike with no NUL byte; returns a Path. "" would mean the current
+    folder, which no caller means."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a path (a str or pathlib.Path), got {describe(value)}")
+    text = os.fspath(value)
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"{name} is empty; name the file or folder, such as 'out/model'")
+    if "\0" in text:
+        raise ValueError(f"{name} {text!r} holds a NUL byte, which no file name can")
+    return Path(text)
 
 
 def check_flag(name: str, value) -> bool:

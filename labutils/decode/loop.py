@@ -67,6 +67,9 @@ def sampling_probs(logits: torch.Tensor, temperature: float = 0.0, top_k: int | 
     top_p keeps the smallest set of most likely tokens whose probabilities add up to at least top_p.
     min_p keeps the tokens whose probability is at least min_p x the top token's (after temperature).
     """
+    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
+        raise TypeError(f"logits must be a float tensor [batch, vocab], got {describe(logits)}; "
+                        "pass the model's output, such as model(ids)[:, -1]")
     check_sampling(temperature, top_k, top_p, min_p)
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()

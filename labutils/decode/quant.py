@@ -33,7 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from labutils.perf import roofline, timing
-from labutils.core.validate import DEVICE_KINDS, check_count, check_device
+from labutils.core.validate import check_count, check_device
 
 # Model dtypes Int8Linear can serve, per device type. The CPU kernel computes in bf16 either way;
 # fp16 activations take its untuned path there, so an fp16 model must be cast to fp32 or bf16 first.
@@ -54,7 +54,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def check_supported(device, dtype: torch.dtype) -> None:
     """Refuse a device or model dtype that Int8Linear has no kernel for, naming the ones it has."""
-    kind = check_device("device", device, kinds=(*DEVICE_KINDS, "meta")).type
+    kind = torch.device(device).type         # a kind, not this machine's device: mps is checked where there is none
     if kind not in SUPPORTED:
         raise ValueError(f"int8 weights run on {list(SUPPORTED)}, not {kind!r}; move the model with "
                          "model.to('cpu') (or 'cuda') before quantize_(model)")
@@ -84,6 +84,10 @@ def quantize_per_channel(w: torch.Tensor, scales_dtype: torch.dtype = torch.floa
     if not isinstance(w, torch.Tensor) or w.dim() != 2 or not w.is_floating_point():
         raise ValueError(f"expected a 2-D float weight [n_out, n_in], got "
                          f"{tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__}")
+    from labutils.core import fake_cuda
+    if not fake_cuda.is_fake(w) and not bool(torch.isfinite(w).all()):     # one host sync, once per layer
+        raise ValueError("the weight holds NaN or infinity, which no int8 scale can represent (an inf row would "
+                         "quantize to zeros with an inf scale); fix the weights before quantizing")
     w32 = w.float()
     tiny = torch.finfo(scales_dtype).tiny            # an all-zero row keeps a usable, normal scale
     exact = (w32.abs().amax(dim=1) / 127).clamp(min=tiny)

@@ -15,8 +15,8 @@ import torch
 from labutils.core import fake_cuda
 from labutils.perf import timing
 from labutils.decode.loop import GenerationResult, as_batch, check_logits, check_sampling, sampling_probs
-from labutils.decode.kvcache import KVCache, check_count
-from labutils.core.validate import check_number
+from labutils.decode.kvcache import KVCache
+from labutils.core.validate import check_count, check_number, check_seed
 
 PROMPT_LOOKUP = "prompt_lookup"
 
@@ -212,7 +212,7 @@ def speculative_generate(target, draft, ids, max_new_tokens: int, *, k: int = 4,
     check_draft(target, draft, needed)
     target.check_ids(ids)
     lookup = isinstance(draft, str)
-    generator = fake_cuda.generator(device, seed)
+    generator = fake_cuda.generator(device, None if seed is None else check_seed(seed))
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
 
     # Both caches hold every token of seq but the last; the last is fed with the next proposals.

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gc
+import math
 import statistics
 from collections import OrderedDict
 
@@ -15,7 +16,7 @@ from labutils.decode.kvcache import KVCache
 from labutils.perf.timing import time_fn
 from labutils.model.build import build
 from labutils.model.gpt import GPT, GPTConfig
-from labutils.perf.peaks import measured_peaks
+from labutils.perf.peaks import Peaks, measured_peaks
 from labutils.model.presets import PRESETS
 from labutils.core.progress_bar import Steps
 from labutils.core.validate import check_choice, check_count, check_device, check_seed, parse_dtype
@@ -214,6 +215,9 @@ def measure_requests(preset: str, settings, batch: int = 1, dtype: str = "fp32",
     # Every argument is parsed here, once; what follows takes the canonical values (a torch.dtype, a torch.device,
     # ints) as they are.
     device = check_device("device", device)
+    given_peaks = peaks is not None
+    if given_peaks:
+        _check_peaks(peaks)
     settings = [tuple(s) for s in settings]
     if not settings or any(len(s) != 2 for s in settings):
         raise ValueError(f"settings must be (prompt_len, new_tokens) pairs, got {settings!r}")
@@ -245,8 +249,26 @@ def measure_requests(preset: str, settings, batch: int = 1, dtype: str = "fp32",
                            f"{max(p for p, _ in settings)}+{max(n for _, n in settings)} tokens; the cached models "
                            "were freed. Choose a smaller setting") from None
     peaks = measured_peaks(device, dtype) if peaks is None else peaks
-    return [_request_row(preset, model.config, p, n, batch, dtype, device, mine, peaks)
+    rows = [_request_row(preset, model.config, p, n, batch, dtype, device, mine, peaks)
             for (p, n), mine in zip(settings, runs)]
+    if given_peaks:       # measured peaks may be beaten by a hair on a noisy machine; peaks passed in may not
+        worst = max(max(row["mbu"], row["mfu_prefill"], row["mfu_decode"]) for row in rows)
+        if worst > 1:
+            raise ValueError(f"with the peaks passed in this request used {worst:.3g}x of a peak, more than all of "
+                             f"it: peaks={peaks} cannot be this device's; pass measured_peaks(device) or leave "
+                             "peaks out")
+    return rows
+
+
+def _check_peaks(peaks) -> None:
+    """Peaks passed in by hand: a Peaks, in bytes/s and FLOP/s (20 GB/s is 20e9, not 20.0)."""
+    if not isinstance(peaks, Peaks):
+        raise TypeError(f"peaks must be a labutils.perf.peaks.Peaks (measured_peaks(device)), got "
+                        f"{type(peaks).__name__}")
+    for name, value, unit in (("bandwidth_Bps", peaks.bandwidth_Bps, "bytes/s"), ("flops", peaks.flops, "FLOP/s")):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 1e8):
+            raise ValueError(f"peaks.{name}={value!r} is not a plausible peak in {unit}: peaks are in {unit}, so "
+                             f"20 GB/s is 20e9, not 20.0; pass measured_peaks(device)")
 
 
 def _request_row(preset, cfg, prompt_len: int, new_tokens: int, batch: int, dtype: torch.dtype, device, runs,

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from labutils.model.safe_load import read_json, read_weights, torch_load, warn_nonfinite
-from labutils.core.validate import check_device, parse_dtype, describe
+from labutils.core.validate import check_device, check_path, parse_dtype, describe
 from labutils.core.paths import data_dir
 from labutils.model.gpt import GPT, GPTConfig
 
@@ -122,6 +122,7 @@ def save_hf_gpt2(model: GPT, path: str | Path, *, eos_token_id: int | None = Non
     """
     if not isinstance(model, GPT):
         raise TypeError(f"save_hf_gpt2 takes a labutils GPT, got {type(model).__name__}")
+    path = check_path("path", path)          # "" would write config.json and the weights into the current folder
     cfg = model.config
     unsupported = {"gated_mlp": (cfg.gated_mlp, False), "bias": (cfg.bias, True),
                    "n_kv_head": (cfg.n_kv_head, cfg.n_head), "norm": (cfg.norm, "layernorm"), "rope": (cfg.rope, False)}
@@ -169,7 +170,7 @@ def save_hf_gpt2(model: GPT, path: str | Path, *, eos_token_id: int | None = Non
 
 def load_checkpoint(path: str | Path, map_location="cpu") -> GPT:
     """Load a course checkpoint: a folder with config.json and model.pt (a state_dict)."""
-    path = Path(path)
+    path = check_path("path", path)
     if not (path / "config.json").exists() or not (path / "model.pt").exists():
         raise FileNotFoundError(f"{path} needs config.json and model.pt; rebuild the course checkpoints "
                                 "with `python -m labutils.train` (data/tiny) or `... --model draft` (data/draft)")

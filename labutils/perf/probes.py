@@ -11,7 +11,7 @@ from typing import Callable, TypeVar
 import torch
 
 from labutils.perf.timing import time_fn
-from labutils.core.validate import check_count
+from labutils.core.validate import check_count, check_seed
 from labutils.core.devices import GiB, MiB, resolve_device, describe_device, free_memory_bytes, is_oom
 
 
@@ -196,6 +196,7 @@ def sweep_repeats(nbytes: int) -> tuple[int, int]:
     A small copy takes microseconds, so one descheduled thread on a busy machine can make a single call
     1,000x slower; nine repeats let the median ignore up to four such calls at almost no cost.
     """
+    nbytes = check_count("nbytes", nbytes, 1, hint="the size of one copy in bytes")
     return (2, 9) if nbytes <= 64 * MiB else (1, 3) if nbytes <= 512 * MiB else (1, 2)
 
 
@@ -297,6 +298,7 @@ def measure_linear_sweep(n_out: int = 3072, n_in: int = 768, batches=(1, 2, 4, 8
     from labutils.perf import roofline
     device = resolve_device(device)
     check_dtype(dtype, device)
+    seed = check_seed(seed)
     batches = list(batches)
     for name, value in (("n_out", n_out), ("n_in", n_in), ("repeats", repeats), *(("batch", b) for b in batches)):
         check_count(name, value, 1)

@@ -72,8 +72,17 @@ def _model_tensors(module) -> list[torch.Tensor]:
     return [*module.parameters(), *module.buffers()]
 
 
+def _embedding_table(model) -> torch.Tensor:
+    """The token-embedding table: the embedding's weight, or, with int8 weights (decode.quant.Int8Embedding), the
+    tied output layer's int8 table it reads its rows from."""
+    emb = model.tok_emb
+    return emb.weight if hasattr(emb, "weight") else emb.table.weight
+
+
 def _float_dtype(model) -> torch.dtype:
-    return model.tok_emb.weight.dtype          # activations (and the KV cache) run in the embedding's dtype
+    # Activations (and the KV cache) run in the embedding's dtype; an int8 embedding keeps it in a buffer.
+    emb = model.tok_emb
+    return emb.weight.dtype if hasattr(emb, "weight") else emb._dtype.dtype
 
 
 def weight_bytes(x, dtype=None) -> int:
@@ -102,11 +111,11 @@ def step_weight_bytes(x, tokens_per_seq: int = 1, batch: int = 1, dtype=None) ->
         if dtype is not None:
             raise ValueError("a model's weight bytes are its tensors' own; pass dtype only with a config or preset")
         head = _tensor_bytes(_model_tensors(x.lm_head))
-        tables = [x.tok_emb.weight] + ([] if x.pos_emb is None else [x.pos_emb.weight])   # RoPE: no table
+        tables = [_embedding_table(x)] + ([] if x.pos_emb is None else [x.pos_emb.weight])   # RoPE: no table
         head_ids = {id(t) for t in _model_tensors(x.lm_head)}
         table_bytes = _tensor_bytes(t for t in tables if id(t) not in head_ids)
         body = weight_bytes(x) - head - table_bytes
-        return body + head + rows * c.row_params * x.tok_emb.weight.element_size()
+        return body + head + rows * c.row_params * _embedding_table(x).element_size()
     elem = parse_dtype("dtype", torch.float16 if dtype is None else dtype).itemsize
     return (c.body_params + c.head_params + rows * c.row_params) * elem
 

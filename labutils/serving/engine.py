@@ -172,7 +172,7 @@ class Engine:
                 raise TypeError(f"prompt_ids must be one prompt: a 1-D integer tensor or a list of ints, got a "
                                 f"{prompt_ids.dtype} tensor of shape {tuple(prompt_ids.shape)}")
             prompt_ids = prompt_ids.tolist()
-        if isinstance(prompt_ids, (str, bytes)) or not hasattr(prompt_ids, "__iter__"):
+        if isinstance(prompt_ids, (str, bytes, dict, set, frozenset)) or not hasattr(prompt_ids, "__iter__"):
             raise TypeError(f"prompt_ids must be a list of token ids, got {type(prompt_ids).__name__}; "
                             "encode text with the tokenizer first")
         prompt = list(prompt_ids)

@@ -116,6 +116,14 @@ class OpenAIClient:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"base_url={base_url!r} is not an http(s) URL; write it like 'http://127.0.0.1:8000'")
+        try:
+            parts.port                       # urllib checks the port only when asked
+        except ValueError:
+            raise ValueError(f"base_url={base_url!r} has no valid port (0 to 65535); write it like "
+                             "'http://127.0.0.1:8000'") from None
+        if model is not None and not isinstance(model, str):
+            raise TypeError(f"model must be the served model's name (a str) or None for the server's first, got "
+                            f"{type(model).__name__} {model!r}")
         check_positive("timeout_s", timeout_s)
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self._scheme, self._host, self._port = parts.scheme, parts.hostname, parts.port

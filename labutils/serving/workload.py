@@ -15,10 +15,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from labutils.perf import timing
-from labutils.core.validate import check_count, check_number, check_positive, check_seed
+from labutils.core.validate import DoesNotFitError, check_count, check_number, check_positive, check_seed
 
 COMPLETED = ("stop", "length")     # finish reasons of a request that produced its answer (OpenAI's names)
 MAX_REQUESTS, MAX_LENGTH = 100_000, 2 ** 20   # bounds that keep a typo from filling memory
+# Prompt tokens a workload may hold in all: each is a Python int in a tuple (about 36 bytes), so 2**25 of them is
+# about 1.2 GB. Each bound above alone allows 10**11.
+MAX_TOKENS = 2 ** 25
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,10 @@ def make_workload(n_requests: int, *, vocab_size: int, prompt_len=(16, 64), outp
     system_prompt_len = check_count("system_prompt_len", system_prompt_len, 0, MAX_LENGTH)
     p_lo, p_hi = _length_range("prompt_len", prompt_len)
     o_lo, o_hi = _length_range("output_len", output_len)
+    if n_requests * (system_prompt_len + p_hi) > MAX_TOKENS:
+        raise DoesNotFitError(f"{n_requests:,} requests of up to {system_prompt_len + p_hi:,} prompt tokens could hold "
+                              f"{n_requests * (system_prompt_len + p_hi):,} tokens, more than the {MAX_TOKENS:,} a "
+                              "workload may hold in memory; ask for fewer requests or shorter prompts")
     if rate is not None:
         rate = check_number("rate", rate, above=0, allow_inf=True,
                             hint="requests per second; None (or inf) sends every request at t=0")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import codecs
 import numbers
+from collections.abc import Mapping, Set as AbstractSet
 from typing import Iterable
 
 import tiktoken
@@ -81,7 +82,9 @@ def _check_ids(ids) -> list:
     """A list of ids from a list, a tuple or a 1-D tensor/array (one host copy); refuse text and 2-D batches."""
     if getattr(ids, "ndim", None) == 1:
         return ids.tolist()
-    if isinstance(ids, (str, bytes, bytearray)) or not isinstance(ids, Iterable) or hasattr(ids, "shape"):
+    # A dict or a set iterates, but not as a sequence of ids: keys only, in no token order.
+    if (isinstance(ids, (str, bytes, bytearray, Mapping, AbstractSet)) or not isinstance(ids, Iterable)
+            or hasattr(ids, "shape")):
         raise TypeError(f"ids must be a list of int token ids (or a 1-D tensor), got {describe(ids)}; encode "
                         "text first with labutils.text.tokenizer.encode, and pick one row of a batch, e.g. tokens[0]")
     return list(ids)

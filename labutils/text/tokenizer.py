@@ -13,7 +13,7 @@ from typing import Iterable, Sequence
 import regex
 import tiktoken
 
-from labutils.core.validate import check_count, describe
+from labutils.core.validate import check_count, check_path, describe
 
 # The split pattern of cl100k_base (GPT-4): words with their leading space, numbers of 1-3 digits,
 # punctuation runs, and whitespace. BPE never merges across these chunk boundaries.
@@ -154,6 +154,8 @@ def train_bpe(text: str, vocab_size: int, pat_str: str = GPT4_SPLIT_PATTERN,
     special_tokens is a list (or tuple) of distinct, non-empty strings.
     """
     special_tokens = check_special_tokens(special_tokens)
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a non-empty str, the encoding's name, got {describe(name)}")
     vocab_size = check_count("vocab_size", vocab_size, 256 + len(special_tokens),
                              hint=f"the vocab holds 256 byte tokens + {len(special_tokens)} special, then the merges")
     n_merges = vocab_size - 256 - len(special_tokens)
@@ -201,7 +203,10 @@ def check_special_tokens(special_tokens) -> tuple[str, ...]:
 
 def save_encoding(enc: tiktoken.Encoding, path: str | Path) -> Path:
     """Write enc as PATH.tiktoken (tiktoken's own format: base64 token, space, rank) + PATH.json."""
-    path = Path(path).with_suffix(".tiktoken")
+    if not isinstance(enc, tiktoken.Encoding):
+        raise TypeError(f"enc must be a tiktoken.Encoding, got {describe(enc)}; load one first, such as "
+                        "get_encoding('course')")
+    path = check_path("path", path).with_suffix(".tiktoken")
     path.parent.mkdir(parents=True, exist_ok=True)
     ranks = enc._mergeable_ranks  # tiktoken keeps no public accessor for the ranks
     body = b"".join(base64.b64encode(tok) + b" " + str(rank).encode() + b"\n"

@@ -133,13 +133,16 @@ class Quiz(w.VBox):
         return sum(c is not None for c in self.first_choice)
 
     def _on_choice(self, index: int, choice: int | None) -> None:
+        # An observer never raises. A bad choice is said where its question's feedback goes; a bad index has no
+        # feedback of its own, so it is said under the score.
+        where = self.feedback[index] if isinstance(index, int) and 0 <= index < len(self.feedback) else self.score
         if choice is None:
-            self.feedback[index].value = ""
+            where.value = ""
             return
         try:
             self._check_choice(index, choice)
-        except ValueError as err:      # an observer never raises: say it where the feedback goes
-            self.feedback[index].value = f'<div style="color:#b35900">{html.escape(str(err))}</div>'
+        except ValueError as err:
+            where.value = f'<div style="color:#b35900">{html.escape(str(err))}</div>'
             return
         if self.first_choice[index] is None:
             self.first_choice[index] = choice

@@ -10,6 +10,7 @@ from labutils.serving.engine import DEFAULT_BATCHED_TOKENS, Served, serve
 from labutils.figures.serving import gantt_figure
 from labutils.serving.workload import Workload, make_workload
 from labutils.core.validate import check_count
+from labutils.model.gpt import GPT
 from labutils.widgets.controls import IntSlider
 from labutils.widgets.plot import Plot
 
@@ -55,6 +56,9 @@ class ServingDashboard(w.VBox):
     """
 
     def __init__(self, model, *, n_requests: int = 24, seed: int = 0, serve_fn=serve):
+        if not isinstance(model, GPT):
+            raise TypeError(f"model must be a labutils GPT, got {type(model).__name__} {model!r:.60}; build or load "
+                            "one first, such as load_pretrained('tiny')[0]")
         self.model, self.seed, self._serve = model, seed, serve_fn
         ctx = model.config.context_length
         style, wide = {"description_width": "110px"}, w.Layout(width="440px")
