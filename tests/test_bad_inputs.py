@@ -59,6 +59,8 @@ def _cases(model, tmp):
         "save_hf_gpt2(model, '')": (lambda: save_hf_gpt2(model, ""), "path"),
         "measure_request(peaks in GB/s)": (lambda: measure.measure_request(
             "tiny", 8, 2, peaks=Peaks(20.0, 500.0, device_name="typed by hand")), "peaks"),
+        "measure_request(peaks below what it measured)": (lambda: measure.measure_request(
+            "tiny", 8, 2, peaks=Peaks(1e8, 1e8, device_name="a far slower machine")), "peaks"),
         # memory: refused before anything is allocated
         "make_workload(100,000 x 2**20 tokens)": (lambda: make_workload(100_000, vocab_size=64, prompt_len=2 ** 20),
                                                    "prompt tokens"),

@@ -49,7 +49,7 @@ PACKAGE = str(Path(labutils.__file__).resolve().parent)
 EXAMPLES: collections.Counter = collections.Counter()    # target -> examples run (conftest prints it)
 REFUSED: collections.Counter = collections.Counter()     # target -> of those, clean refusals
 FUZZ = settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-FAKE_PEAKS = Peaks(bandwidth_Bps=10e9, flops=100e9, device_name="fuzz CPU")
+FAKE_PEAKS = Peaks(bandwidth_Bps=10e12, flops=100e12, device_name="fuzz CPU")   # above any CPU (see measure_requests)
 
 
 def outcome(what: str, call, names, invariant=None):

@@ -11,7 +11,7 @@ from labutils.core import validate
 from labutils.perf import roofline
 from labutils.perf.peaks import Peaks
 
-FAKE_PEAKS = Peaks(10e9, 100e9, "test CPU")
+FAKE_PEAKS = Peaks(10e12, 100e12, "test CPU")      # above any CPU: a share above 1 of peaks passed in is refused
 
 
 @pytest.fixture

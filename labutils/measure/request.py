@@ -251,13 +251,18 @@ def measure_requests(preset: str, settings, batch: int = 1, dtype: str = "fp32",
     peaks = measured_peaks(device, dtype) if peaks is None else peaks
     rows = [_request_row(preset, model.config, p, n, batch, dtype, device, mine, peaks)
             for (p, n), mine in zip(settings, runs)]
-    if given_peaks:       # measured peaks may be beaten by a hair on a noisy machine; peaks passed in may not
+    if given_peaks:
+        # A share above 1 of a peak passed in means the peaks are not this device's. Measured peaks can be beaten by
+        # a little (a copy probe and a decode step meet a noisy machine at different moments), so allow a margin.
         worst = max(max(row["mbu"], row["mfu_prefill"], row["mfu_decode"]) for row in rows)
-        if worst > 1:
+        if worst > MAX_SHARE_OF_GIVEN_PEAKS:
             raise ValueError(f"with the peaks passed in this request used {worst:.3g}x of a peak, more than all of "
                              f"it: peaks={peaks} cannot be this device's; pass measured_peaks(device) or leave "
                              "peaks out")
     return rows
+
+
+MAX_SHARE_OF_GIVEN_PEAKS = 1.25
 
 
 def _check_peaks(peaks) -> None:
