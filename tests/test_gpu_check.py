@@ -67,7 +67,7 @@ def test_without_a_gpu_the_real_check_refuses_and_names_the_dry_run():
 def test_a_dry_run_writes_the_report_a_reviewer_reads(tmp_path):
     out = tmp_path / "gpu-check"
     p = subprocess.run([sys.executable, "-m", "labutils.gpu_check", "--dry-run", "--out", str(out)],
-                       capture_output=True, text=True, timeout=900, cwd=gpu_check.ROOT)
+                       capture_output=True, text=True, timeout=1500, cwd=gpu_check.ROOT)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     assert report["environment"]["dry_run"] and report["environment"]["torch"]
