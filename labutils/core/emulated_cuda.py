@@ -13,8 +13,10 @@ checks what a CUDA build checks:
 - `F.scaled_dot_product_attention` returns its output in the layout CUDA's fused kernels use ([B, T, H, d] in
   memory, seen as [B, H, T, d]), so a `.view` of it fails here as it fails on a GPU.
 The CUDA runtime calls the course makes (events, synchronize, memory counters, device properties) get stand-ins;
-CUDA graphs and torch.compile are not emulated (fastgen runs eager here). Everything is slower than plain CPU
-torch (each op passes through Python), so use small shapes.
+CUDA graphs and torch.compile are not emulated (fastgen runs eager here, and dynamo does not trace under the
+emulation's modes). Everything is slower than plain CPU torch (each op passes through Python), so use small shapes:
+a lesson that sizes its experiment for a GPU (lesson 03's 16,384-token attention, lesson 11's serving runs) is too
+big for it, while lessons 00-02 and 05-07, 09 and 10 ran through on it.
 
 `enter()` switches it on for the rest of the process (a lesson's kernel, `LABUTILS_EMULATE_CUDA=1`);
 `emulated_cuda()` is the context manager tests use.
