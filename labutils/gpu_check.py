@@ -25,6 +25,8 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from labutils.measure.claims import HOLDS, VERDICTS
+
 ROOT = Path(__file__).resolve().parent.parent
 LESSONS = ROOT / "notebooks"
 KERNEL = "python3"                  # ipykernel's own spec: this Python, whatever kernels are installed here
@@ -43,13 +45,14 @@ LIMITS_S = {"tests": 90, "lesson": 120, "lessons": 240, "bench": 120}
 DRY_LIMITS_S = {"tests": 300, "lesson": 480, "lessons": 480, "bench": 400}
 BENCH_GRACE_S = 30          # the row running when the bench's time is up may finish; one still running is stopped
 DRY_LESSON = "06_kv_cache.ipynb"    # short, and the one whose exercise mixed devices on the H200
-CLAIM = re.compile(r"^\[(holds|does not hold here|not expected here)\] (.*)$", re.M)
+# A claim's line as labutils.measure.claims prints it: its verdict, a space, the sentence and what was measured.
+CLAIM = re.compile("^(" + "|".join(map(re.escape, VERDICTS)) + ") (.*)$", re.M)
 
 
 def missing_packages(parts=NEEDED, find=importlib.util.find_spec) -> dict[str, list[str]]:
     """{part: distributions it needs that this Python cannot import}."""
-    return {part: sorted(dist for mod, dist in mods.items() if find(mod) is None) for part, mods in parts.items()
-            if any(find(mod) is None for mod in mods)}
+    missing = {part: sorted(dist for mod, dist in mods.items() if find(mod) is None) for part, mods in parts.items()}
+    return {part: dists for part, dists in missing.items() if dists}
 
 
 def wheel_advice(missing: dict[str, list[str]]) -> str:
@@ -149,7 +152,7 @@ def lesson_summary(nb: dict) -> dict:
     """Cells run, errors (name and first line) and claims of an executed lesson."""
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
     ran = sum(c.get("execution_count") is not None for c in code)
-    errors, claims = [], {"holds": 0, "does not hold here": 0, "not expected here": 0}
+    errors, claims = [], {verdict.strip("[]"): 0 for verdict in VERDICTS}
     other = []
     for i, cell in enumerate(nb["cells"]):
         for o in cell.get("outputs", []):
@@ -158,9 +161,9 @@ def lesson_summary(nb: dict) -> dict:
             text = o.get("text", "") if o.get("output_type") == "stream" else ""
             text = "".join(text) if isinstance(text, list) else text
             for verdict, line in CLAIM.findall(text):
-                claims[verdict] += 1
-                if verdict != "holds":
-                    other.append(f"cell {i}: [{verdict}] {line[:400]}")
+                claims[verdict.strip("[]")] += 1
+                if verdict != HOLDS:
+                    other.append(f"cell {i}: {verdict} {line[:400]}")
     return {"cells": len(code), "ran": ran, "errors": errors, "claims": claims, "not_holding": other}
 
 

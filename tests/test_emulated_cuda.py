@@ -99,17 +99,14 @@ def test_every_path_on_emulated_cuda_runs_under_the_chosen_kernels_and_gives_the
     assert all(prio[:len(order)] == order for _, _, prio in seen), f"priority {seen[0][2]}, want {order} first"
 
 
-def test_outside_cuda_the_choice_is_torchs():
+def test_outside_cuda_the_choice_is_torchs(monkeypatch):
     from labutils.model.kernels.attention import sdpa_attention
     seen = []
     real = F.scaled_dot_product_attention
-    try:
-        F.scaled_dot_product_attention = lambda *a, **k: (seen.append(torch.backends.cuda.cudnn_sdp_enabled()),
-                                                          real(*a, **k))[1]
-        q = torch.randn(1, 2, 4, 8)
-        sdpa_attention(q, q, q)
-    finally:
-        F.scaled_dot_product_attention = real
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        lambda *a, **k: (seen.append(torch.backends.cuda.cudnn_sdp_enabled()), real(*a, **k))[1])
+    q = torch.randn(1, 2, 4, 8)
+    sdpa_attention(q, q, q)
     assert seen == [torch.backends.cuda.cudnn_sdp_enabled()]       # untouched: the CPU keeps torch's own choice
 
 

@@ -152,9 +152,7 @@ def _run(func, args, kwargs):
         if _is_cuda(x):
             return x.elem
         return torch.device("cpu") if isinstance(x, torch.device) and x.type == "cuda" else x
-    args, kwargs = pytree.tree_map(unwrap, (args, kwargs))
-    if "device" in kwargs and kwargs["device"] is not None:
-        kwargs["device"] = torch.device("cpu")
+    args, kwargs = pytree.tree_map(unwrap, (args, kwargs))      # a "cuda" device becomes the CPU; meta stays meta
     if kwargs.get("pin_memory"):
         kwargs["pin_memory"] = False
     out = func(*args, **kwargs)

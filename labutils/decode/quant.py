@@ -32,6 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from labutils.core import fake_cuda
 from labutils.perf import roofline, timing
 from labutils.core.validate import check_count, check_device
 
@@ -84,7 +85,6 @@ def quantize_per_channel(w: torch.Tensor, scales_dtype: torch.dtype = torch.floa
     if not isinstance(w, torch.Tensor) or w.dim() != 2 or not w.is_floating_point():
         raise ValueError(f"expected a 2-D float weight [n_out, n_in], got "
                          f"{tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__}")
-    from labutils.core import fake_cuda
     if not fake_cuda.is_fake(w) and not bool(torch.isfinite(w).all()):     # one host sync, once per layer
         raise ValueError("the weight holds NaN or infinity, which no int8 scale can represent (an inf row would "
                          "quantize to zeros with an inf scale); fix the weights before quantizing")
@@ -164,7 +164,6 @@ def int8_path(device, n_in: int) -> str:
     cores; `int8_paths(device="cuda")` measures it beside the others.) mps: the dequantize-matmul, eager
     (FALLBACK says why).
     """
-    from labutils.core import fake_cuda
     kind = torch.device(device).type
     if kind == "cpu":
         return "int8pack_bf16" if n_in % PACK_N_IN_MULTIPLE == 0 else "dequant_bf16"

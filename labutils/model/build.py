@@ -28,7 +28,7 @@ def build(config: GPTConfig, device="cpu", dtype=torch.float32, seed: int = 0) -
     with torch.device("meta"):
         model = GPT(config).to(dtype)          # shapes only: nothing allocated, nothing initialised
     model = model.to_empty(device=device).tie_weights()   # one allocation, in the final dtype, on the device
-    generator = fake_cuda.generator(device, seed) if device.type == "cuda" else torch.Generator().manual_seed(seed)
+    generator = fake_cuda.generator(device, seed)          # on the device (emulated CUDA's own on emulated CUDA)
     return model.init_weights(generator).eval()
 
 
