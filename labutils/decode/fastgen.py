@@ -118,6 +118,26 @@ def _graph_pool():
     return _POOL
 
 
+def capture_graph(fn: Callable[[], object], device: torch.device, *, warm_up: Callable[[Callable], None],
+                  reset: Callable[[], None] = lambda: None) -> Callable[[], None]:
+    """Record `fn` once into a torch.cuda.CUDAGraph and return its replay, which launches all of it at once.
+
+    `warm_up(fn)` runs it first on a side stream (lazy init and workspaces must not happen under capture), then
+    `reset()` undoes what those runs wrote. The capture records kernels without running them, so nothing moves.
+    """
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        warm_up(fn)
+    torch.cuda.current_stream(device).wait_stream(side)
+    reset()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=_graph_pool()):
+        fn()
+    replay = graph.replay             # a bound method: it keeps the graph (and its memory pool) alive
+    return replay
+
+
 def _device_bytes(device: torch.device) -> int | None:
     return torch.cuda.memory_allocated(device) if device.type == "cuda" and not fake_cuda.active() else None
 
@@ -185,17 +205,7 @@ class FastDecoder:
 
     def _capture_graph(self) -> Callable[[], None]:
         """Record one decode step into a torch.cuda.CUDAGraph; replay() then launches all of it at once."""
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            self._warm_up(self.step)      # off the capture: lazy init, workspace allocation
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        self._reset()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=_graph_pool()):
-            self.step()                   # recorded, not run: the cache and position stay untouched
-        self._graph = graph               # keep the graph (and its memory pool) alive
-        return graph.replay
+        return capture_graph(self.step, self.device, warm_up=self._warm_up, reset=self._reset)
 
     def _compile(self) -> Callable[[], None]:
         """torch.compile the step; on CUDA, "reduce-overhead" also replays it as a CUDA graph."""
@@ -465,5 +475,6 @@ def decoder_for(model, batch: int, max_len: int, *, mode: str, cache: str = "sta
     return _DECODERS[key]
 
 
-__all__ = ["CACHES", "MODES", "STAGES", "FastDecoder", "FastGenerationResult", "bucket", "check_graph_ready",
+__all__ = ["CACHES", "MODES", "STAGES", "FastDecoder", "FastGenerationResult", "bucket", "capture_graph",
+           "check_graph_ready",
            "column_major_weights", "decode_one", "decoder_for", "fast_generate", "fresh_function", "pick_token"]

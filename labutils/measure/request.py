@@ -4,12 +4,15 @@ from __future__ import annotations
 import gc
 import math
 import statistics
+import warnings
 from collections import OrderedDict
 
 import torch
 
 from labutils.perf import quiet, roofline
 from labutils.core.dtypes import COMPUTE_DTYPES, dtype_name
+from labutils.core import fake_cuda
+from labutils.decode.fastgen import capture_graph, fast_generate
 from labutils.decode.loop import generate
 from labutils.core.devices import default_dtype, free_memory_bytes, is_oom, pick_device
 from labutils.decode.kvcache import KVCache
@@ -92,13 +95,12 @@ def memory_needed(preset: str, prompt_len: int, new_tokens: int, batch: int = 1,
 
 def _memory_needed(cfg: GPTConfig, prompt_len: int, new_tokens: int, batch: int, dtype: torch.dtype) -> int:
     elem = dtype.itemsize
-    weights = roofline.weight_bytes(cfg, dtype)
-    build = weights + (roofline.weight_bytes(cfg, torch.float32) if elem != 4 else 0)   # made in fp32, then cast
+    weights = roofline.weight_bytes(cfg, dtype)         # model.build allocates them once, in this dtype
     kv = roofline.kv_cache_bytes(cfg, prompt_len + new_tokens, batch, dtype)
     tokens = batch * prompt_len
     logits = batch * cfg.vocab_size * (elem + 4)        # the last position only (GPT.forward(last_only=True))
     scratch = tokens * (cfg.n_inner + 4 * cfg.n_embd) * elem * 2 + batch * cfg.n_head * prompt_len ** 2 * 4
-    return max(build, weights + kv + logits + scratch)
+    return weights + kv + logits + scratch
 
 
 def preset_choices(device) -> tuple[list[str], list[str]]:
@@ -238,7 +240,7 @@ def measure_requests(preset: str, settings, batch: int = 1, dtype: str = "fp32",
             for r in range(rounds):
                 for i, ((prompt_len, new_tokens), prompt) in enumerate(zip(settings, ids)):
                     bar.show(f"round {r + 1} of {rounds}: prefill of {prompt_len} tokens x batch {batch}")
-                    runs[i].append(generate(model, prompt, new_tokens,
+                    runs[i].append(_request(model, prompt, new_tokens, device,
                                             on_token=lambda _, r=r: bar.step(f"round {r + 1} of {rounds}, decoding")))
         bar.done()
     except (RuntimeError, MemoryError) as err:    # torch.OutOfMemoryError is a RuntimeError
@@ -263,6 +265,15 @@ def measure_requests(preset: str, settings, batch: int = 1, dtype: str = "fp32",
 
 
 MAX_SHARE_OF_GIVEN_PEAKS = 1.25
+
+
+def _request(model: GPT, prompt: torch.Tensor, new_tokens: int, device: torch.device, on_token):
+    """One timed request. On CUDA its decode steps replay a CUDA graph (fastgen's graph loop): a step then costs its
+    bytes, not its launches, which lesson 08 measures on their own. Elsewhere lesson 05's loop: graphs exist only on
+    CUDA, and a CPU runs each op on the calling thread, with no launch to save."""
+    if device.type == "cuda":
+        return fast_generate(model, prompt, new_tokens, mode="auto", on_token=on_token)
+    return generate(model, prompt, new_tokens, on_token=on_token)
 
 
 def _check_peaks(peaks) -> None:
@@ -332,7 +343,23 @@ def time_pass(model: GPT, phase: str, n: int, *, pos: int = 128, repeats: int = 
         model(ids, cache, check=False, last_only=True)
 
     with torch.inference_mode():
-        return time_fn(one_pass, device=device, warmup=1, repeats=repeats).median_s
+        return time_fn(_without_launches(one_pass, device), device=device, warmup=1, repeats=repeats).median_s
+
+
+def _without_launches(one_pass, device: torch.device):
+    """On CUDA, the pass as one CUDA graph: its kernels replay back to back, with no Python or launch gap between
+    them, so the time is the bytes' and FLOPs' (the launches are lesson 08's subject). Elsewhere the pass itself.
+
+    The arithmetic: gpt2-small's batch-1 step reads 0.25 GB, 0.06 ms at an H200's 4.2 TB/s, less than launching its
+    hundreds of kernels from Python takes (lesson 08 counts them); a 7B model's reads 13.5 GB, 3.2 ms."""
+    if device.type != "cuda" or fake_cuda.active():
+        return one_pass
+    try:
+        return capture_graph(one_pass, device, warm_up=lambda fn: [fn() for _ in range(2)])
+    except Exception as err:         # a pass that cannot be captured is still worth timing: eager, and say so
+        warnings.warn(f"time_pass: CUDA graph capture failed ({type(err).__name__}: {err}); timing eager passes, "
+                      "which include their launches", RuntimeWarning, stacklevel=3)
+        return one_pass
 
 
 def roofline_point(preset: str, phase: str, n: int, dtype: str = "fp32", device="cpu", *, pos: int = 128,

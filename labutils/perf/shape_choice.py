@@ -21,8 +21,10 @@ from labutils.perf.roofline import kv_cache_bytes, weight_bytes
 
 GPU_SHAPES = ("llama-2-7b", "llama-3.2-3b", "llama-3.2-1b")    # largest first: the seeds' 7B, then Llama 3.2's
 MEMORY_SHARE = 0.5
-HOW_TO_CHOOSE = ("to measure another, set the lesson's PRESET to any name in labutils.model.PRESETS "
-                 "(weights and cache must fit the device)")
+HOW_TO_CHOOSE = "another shape: set PRESET to any name in labutils.model.PRESETS whose weights and cache fit here"
+# Each family from small to large, for "the next larger shape" (a lesson's exercise compares two sizes).
+LADDERS = (("tiny", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl"),
+           ("llama-3.2-1b", "llama-3.2-3b", "llama-2-7b", "llama-2-13b", "llama-2-70b"))
 
 
 @dataclass(frozen=True)
@@ -57,14 +59,13 @@ def shape_for(device, cpu_preset: str, *, cache_tokens: int, batch: int = 1,
     if free is None:
         return ShapeChoice(cpu_preset, dtype, f"{where} does not say how much memory is free, so the small shape"
                                               f"{sixteen}")
-    for name in GPU_SHAPES:
-        weights = weight_bytes(name, dtype)
-        cache = kv_cache_bytes(name, cache_tokens, batch, dtype)
-        if weights + cache <= share * free:
-            return ShapeChoice(name, dtype, (
-                f"the largest of {', '.join(GPU_SHAPES)} whose weights ({weights / 1e9:.1f} GB) and cache of "
-                f"{batch} x {cache_tokens:,} tokens ({cache / 1e9:.2f} GB) fit in {share:.0%} of the "
-                f"{free / 1e9:.1f} GB free on {where}{sixteen}"))
+    name = largest_fitting(free, dtype, cache_tokens, batch, share)
+    if name is not None:
+        weights, cache = weight_bytes(name, dtype), kv_cache_bytes(name, cache_tokens, batch, dtype)
+        return ShapeChoice(name, dtype, (
+            f"the largest of {', '.join(GPU_SHAPES)} whose weights ({weights / 1e9:.1f} GB) and cache of "
+            f"{batch} x {cache_tokens:,} tokens ({cache / 1e9:.2f} GB) fit in {share:.0%} of the "
+            f"{free / 1e9:.1f} GB free on {where}{sixteen}"))
     smallest = GPU_SHAPES[-1]
     need = weight_bytes(smallest, dtype) + kv_cache_bytes(smallest, cache_tokens, batch, dtype)
     return ShapeChoice(cpu_preset, dtype, (
@@ -72,4 +73,24 @@ def shape_for(device, cpu_preset: str, *, cache_tokens: int, batch: int = 1,
         f"{where}, so the small shape; its decode measures overheads more than bytes{sixteen}"))
 
 
-__all__ = ["GPU_SHAPES", "HOW_TO_CHOOSE", "MEMORY_SHARE", "ShapeChoice", "shape_for"]
+def largest_fitting(free_bytes: float, dtype: torch.dtype, cache_tokens: int, batch: int = 1,
+                    share: float = MEMORY_SHARE) -> str | None:
+    """The first of GPU_SHAPES whose weights and a cache of batch x cache_tokens, in `dtype`, take at most `share` of
+    `free_bytes`; None when none does. shape_for's rule, apart from the device, for arithmetic about a GPU."""
+    for name in GPU_SHAPES:
+        if weight_bytes(name, dtype) + kv_cache_bytes(name, cache_tokens, batch, dtype) <= share * free_bytes:
+            return name
+    return None
+
+
+def next_larger(preset: str) -> str:
+    """The next shape up in `preset`'s family (gpt2-small -> gpt2-medium, llama-2-7b -> llama-2-13b)."""
+    preset = check_choice("preset", preset, PRESETS)
+    for ladder in LADDERS:
+        if preset in ladder[:-1]:
+            return ladder[ladder.index(preset) + 1]
+    raise ValueError(f"{preset} has no larger shape in labutils.perf.shape_choice.LADDERS; choose one of "
+                     f"{[name for ladder in LADDERS for name in ladder[:-1]]}")
+
+
+__all__ = ["GPU_SHAPES", "HOW_TO_CHOOSE", "LADDERS", "largest_fitting", "MEMORY_SHARE", "ShapeChoice", "next_larger", "shape_for"]

@@ -1,0 +1,96 @@
+"""What the GPU-shaped lessons should measure on an H200, from the roofline's formulas and that machine's peaks.
+
+A claim about a GPU checked only on a CPU rests on arithmetic; this module writes that arithmetic down, so a reader
+can check each figure and the next `make gpu-check` can be read against it. Every number comes from
+labutils.perf.roofline and shape_choice, fed the peaks the H200 run measured (docs/gpu/h200-2026-12-04: copy 4.2 TB/s,
+775.8 TFLOP/s bf16 matmuls;
+lesson 08 printed the copy rate as 4,158.7 GB/s) and its 139 GB. A floor is the least time the bytes or FLOPs allow; a measured time
+sits above it, by the share of the peak reached. `python -m labutils.gpu_predictions` prints docs/gpu/predictions.md;
+tests/test_gpu_predictions.py checks the file is current.
+"""
+from __future__ import annotations
+
+import torch
+
+from labutils.perf import roofline
+from labutils.perf.datasheets import SPECS
+from labutils.perf.peaks import Peaks
+from labutils.perf.shape_choice import MEMORY_SHARE, largest_fitting
+
+H200 = Peaks(bandwidth_Bps=4158.7e9, flops=775.8e12, device_name="NVIDIA H200", dtype="bfloat16",
+             source="measured by lesson 00 on the H200 run of 2026-12-04 (docs/gpu/h200-2026-12-04)")
+H200_FREE_BYTES = 139e9
+BF16 = torch.bfloat16
+
+
+def _shape(cache_tokens: int, batch: int = 1) -> str:
+    """The shape shape_for gives a lesson on the H200 (shape_choice.largest_fitting, on its free memory)."""
+    return largest_fitting(H200_FREE_BYTES, BF16, cache_tokens, batch)
+
+
+def rows() -> list[tuple[str, str, str, str]]:
+    """(lesson, what the lesson claims, the arithmetic, what it predicts on the H200)."""
+    bw, flops = H200.bandwidth_Bps, H200.flops
+    out = []
+    m = _shape(1200)                                          # lesson 05: its longest request, 1,000 + 200 tokens
+    w = roofline.weight_bytes(m, BF16)
+    cache = roofline.kv_cache_bytes(m, 1200, 1, BF16)
+    out.append(("05", "the lesson's shape", f"{m}: {w / 1e9:.2f} GB of bf16 weights + {cache / 1e9:.2f} GB of cache "
+                f"for 1,200 tokens <= {MEMORY_SHARE:.0%} of {H200_FREE_BYTES / 1e9:.0f} GB", m))
+    pos = roofline.mean_decode_pos(1000, 200)
+    step = roofline.decode_floor_s(m, pos, 1, BF16, bandwidth_Bps=bw)
+    pre = roofline.prefill_floor_s(m, 1000, peak_flops=flops)
+    out.append(("05", "a decode step's floor (batch 1)", f"{roofline.decode_bytes(m, pos, 1, BF16) / 1e9:.2f} GB "
+                f"read at position {pos} / {bw / 1e12:.1f} TB/s", f"{step * 1e3:.2f} ms"))
+    out.append(("05", "a 1,000-token prefill's floor", f"{roofline.prefill_flops(m, 1000) / 1e12:.1f} TFLOP / "
+                f"{flops / 1e12:.0f} TFLOP/s", f"{pre * 1e3:.1f} ms"))
+    a100 = SPECS["A100 80GB SXM"]
+    a100_ratio = (200 * roofline.decode_floor_s(m, pos, 1, BF16, bandwidth_Bps=a100.bandwidth_Bps)
+                  / roofline.prefill_floor_s(m, 1000, peak_flops=a100.flops_16))
+    out.append(("05", "decode takes several times as long as prefill (the seed's chart: 15x)",
+                f"200 x {step * 1e3:.2f} ms / {pre * 1e3:.1f} ms (A100 datasheet: {a100_ratio:.0f}x)",
+                f"{200 * step / pre:.0f}x at both floors"))
+    out.append(("05", "per token, prefill costs a small fraction of a decode step",
+                f"{step * 1e3:.2f} ms / ({pre * 1e3:.1f} ms / 1,000)", f"{step / (pre / 1000):.0f}x"))
+    ratio = roofline.prefill_flops(m, 512) / roofline.prefill_flops(m, 256)
+    out.append(("05", "twice the prompt about doubles TTFT (256 -> 512 tokens)",
+                "prefill FLOPs(512) / prefill FLOPs(256): attention's share grows with the square",
+                f"{ratio:.2f}x, once a 256-token prefill's {roofline.prefill_floor_s(m, 256, peak_flops=flops) * 1e3:.1f}"
+                " ms floor is far above a pass's fixed costs"))
+    for name, p in (("decode", roofline.decode_flops(m, pos) / roofline.decode_bytes(m, pos, 1, BF16)),
+                    ("a 1,000-token prefill", roofline.prefill_flops(m, 1000) / roofline.prefill_bytes(m, 1000, 1, BF16))):
+        out.append(("05", f"{name}'s intensity against the ridge point", f"{p:.1f} FLOP/byte against "
+                    f"{H200.ridge:.0f}", f"{H200.ridge / p:.0f}x below" if p < H200.ridge else f"{p / H200.ridge:.1f}x above"))
+    m7 = _shape(512 + 128, 64)                                # lesson 07: batch 64 at 128 positions, prefill of 512
+    for batch in (1, 64):
+        i = roofline.decode_flops(m7, 128, batch) / roofline.decode_bytes(m7, 128, batch, BF16)
+        out.append(("07", f"a batch-{batch} decode step on the roofline", f"{m7}: {i:.1f} FLOP/byte, floor "
+                    f"{roofline.decode_step_s(m7, 128, batch, BF16, bandwidth_Bps=bw, peak_flops=flops) * 1e3:.2f} ms",
+                    "on the memory roof" if i < H200.ridge else "on the compute roof"))
+    knee = roofline.knee_batch(m7, 128, BF16, bandwidth_Bps=bw, peak_flops=flops)
+    one, many = (roofline.decode_step_s(m7, 128, b, BF16, bandwidth_Bps=bw, peak_flops=flops) for b in (1, 64))
+    out.append(("07", "the knee of throughput against batch", "batch-1 step / the time one more sequence costs",
+                f"batch {knee:.0f}, beyond the slider's 64; at the floors batch 64 gives {64 * one / many:.0f}x "
+                "batch 1's tokens/s"))
+    i512 = roofline.prefill_flops(m7, 512) / roofline.prefill_bytes(m7, 512, 1, BF16)
+    out.append(("07", "a 512-token prefill on the roofline", f"{i512:.0f} FLOP/byte against {H200.ridge:.0f}",
+                f"{roofline.prefill_floor_s(m7, 512, peak_flops=flops) * 1e3:.1f} ms floor, "
+                + ("on the compute roof" if i512 > H200.ridge else "still below the ridge")))
+    int8 = roofline.weight_bytes(m7, BF16) / (roofline.counts(m7).n_params * 1)
+    out.append(("07", "int8 weights against bf16 at batch 1", "bf16 bytes / int8 bytes (one byte a weight)",
+                f"at most {int8:.2f}x faster (the bench's target: above 1.3x)"))
+    return out
+
+
+def markdown() -> str:
+    lines = ["# What the GPU-shaped lessons should measure on an H200", "",
+             f"Written by `python -m labutils.gpu_predictions` from `labutils.perf.roofline` and the H200's peaks, "
+             f"{H200.line()} ({H200.source}), and its {H200_FREE_BYTES / 1e9:.0f} GB. Floors are the least time the bytes or FLOPs allow; "
+             "a lesson's claim holds when its measured times sit near them.", "",
+             "| lesson | claim | arithmetic | on the H200 |", "|---|---|---|---|"]
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows()]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

@@ -1,0 +1,29 @@
+"""docs/gpu/predictions.md is what labutils.gpu_predictions writes today, and its shapes are the ones shape_for hands
+the lessons on a GPU with the H200's free memory (free memory mocked under emulated CUDA)."""
+from __future__ import annotations
+
+import torch
+
+from labutils import gpu_predictions
+from labutils.core.emulated_cuda import emulated_cuda
+from labutils.core.paths import SOURCE_ROOT
+from labutils.perf.shape_choice import shape_for
+
+
+def test_the_predictions_page_is_current():
+    page = SOURCE_ROOT / "docs" / "gpu" / "predictions.md"
+    assert page.read_text() == gpu_predictions.markdown(), (
+        "docs/gpu/predictions.md is stale: python -m labutils.gpu_predictions > docs/gpu/predictions.md")
+
+
+def test_each_lesson_row_uses_the_shape_that_lesson_gets_on_the_h200(monkeypatch):
+    with emulated_cuda():
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (int(gpu_predictions.H200_FREE_BYTES), int(141e9)))
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+        lesson_05 = shape_for("cuda", "gpt2-small", cache_tokens=1200)            # the calls the lessons make
+        lesson_07 = shape_for("cuda", "gpt2-small", cache_tokens=512 + 128, batch=64)
+    rows = gpu_predictions.rows()
+    assert rows[0][3] == lesson_05.preset == "llama-2-7b"
+    assert all(lesson_07.preset in arithmetic for lesson, _, arithmetic, _ in rows
+               if lesson == "07" and "llama" in arithmetic)
+    assert {lesson for lesson, *_ in rows} == {"05", "07"}

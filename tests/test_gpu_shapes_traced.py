@@ -1,0 +1,53 @@
+"""The lessons that ask `shape_for` run top to bottom on a GPU shape, on emulated CUDA (core.emulated_cuda).
+
+On a GPU, `shape_for` hands a lesson a Llama shape in bf16 instead of gpt2-small in fp32: rotary positions, RMSNorm,
+SwiGLU, grouped KV heads, no position table, a 16-bit dtype, CUDA tensors, the graph loop's path. A lesson whose
+cells assume GPT-2 (a position table to extend, a fp32 dtype, a CPU tensor beside a CUDA one) breaks only there.
+Emulated CUDA keeps real values on the CPU and applies CUDA's device rules, so those mistakes surface here; a
+7B model would take hours on a CPU, so the test registers a Llama shape of the same family at toy width and makes it
+the only GPU shape. The timings mean nothing (every op runs through Python), so the test checks that every cell ran,
+no cell raised, and the lesson chose the GPU shape in bf16; claims may print any verdict.
+"""
+from __future__ import annotations
+
+import os
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from labutils import gpu_check
+from labutils.core.paths import SOURCE_ROOT
+
+NOTEBOOKS = SOURCE_ROOT / "notebooks"
+
+# Run first in the lesson's kernel: two toy shapes of the Llama family, the only ones shape_for may pick on a GPU.
+REGISTER_TOY_LLAMAS = '''
+import dataclasses
+import labutils.model.presets as presets, labutils.perf.shape_choice as shape_choice
+from labutils.model.gpt import GPTConfig
+for name, layers in (("llama-toy", 2), ("llama-toy-2", 4)):
+    presets.PRESETS[name] = dataclasses.replace(presets.PRESETS["llama-3.2-1b"], name=name, n_layer=layers, n_head=4,
+                                                n_kv_head=2, n_embd=128, n_inner=256, vocab_size=512, n_params=0)
+    presets.PRESETS[name] = dataclasses.replace(presets.PRESETS[name], n_params=GPTConfig.preset(name).num_params())
+shape_choice.GPU_SHAPES = ("llama-toy",)
+shape_choice.LADDERS = (("llama-toy", "llama-toy-2"),)
+'''
+
+
+@pytest.mark.parametrize("lesson", ["05_prefill_decode.ipynb", "07_memory_wall.ipynb"])
+def test_a_lesson_runs_on_its_gpu_shape(lesson, tmp_path, monkeypatch):
+    monkeypatch.setenv("LABUTILS_EMULATE_CUDA", "1")
+    monkeypatch.setenv("LABUTILS_CACHE_DIR", str(tmp_path))     # emulated peaks stay out of the learner's cache
+    nb = nbformat.read(NOTEBOOKS / lesson, as_version=4)
+    nb.cells.insert(0, nbformat.v4.new_code_cell(REGISTER_TOY_LLAMAS))
+    client = NotebookClient(nb, timeout=600, kernel_name=gpu_check.KERNEL, allow_errors=True,
+                            resources={"metadata": {"path": str(NOTEBOOKS)}})
+    client.execute(env=dict(os.environ))
+    nbformat.write(nb, tmp_path / lesson)
+    summary = gpu_check.lesson_summary(nb)
+    assert summary["errors"] == [], f"{lesson} on a GPU shape (kept in {tmp_path / lesson})"
+    assert summary["ran"] == summary["cells"]
+    printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+                      if o.get("output_type") == "stream")
+    assert "llama-toy in bf16: the largest of llama-toy whose weights" in printed      # the lesson's choice line
