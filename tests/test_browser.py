@@ -409,7 +409,7 @@ def test_lesson06_kv_calculator_answers_a_batch_change(lab):
 
 def test_lesson07_batch_roofline_draws_each_batch(lab):
     board = ".jp-OutputArea-output:has(.widget-slider):has(.js-plotly-plot)"
-    pick = lambda cells: code_cells(cells, "PRESET = ", "measured_peaks(", "batch_roofline(")        # noqa: E731
+    pick = lambda cells: code_cells(cells, "PRESET, DTYPE = ", "measured_peaks(", "batch_roofline(")        # noqa: E731
     with lesson_page(lab, "07_memory_wall.ipynb", pick) as page:
         assert_every_plot_drawn(page)
         show_cell(page, "batch_roofline(")
