@@ -163,3 +163,40 @@ def test_the_vllm_budget_row_skips_with_the_same_reasons(monkeypatch):
     row = bench.vllm_budget_itl(bench.BenchSettings(quick=False))
     assert row.status == "SKIP" and "make vllm" in row.detail and row.target == "<= 0.5"
     assert bench.vllm_budget_itl in bench.ROWS and bench.chunked_vs_whole_prefill_itl in bench.ROWS
+
+
+def test_on_a_gpu_the_rows_time_the_lessons_gpu_shape_in_16_bits(monkeypatch):
+    """Issue 27's GPU rows, on emulated CUDA with a toy Llama as the only GPU shape: each row picks the shape
+    shape_for gives the lessons, builds it in bf16 on the device, and caps its context at MAX_CONTEXT."""
+    import dataclasses
+
+    from labutils.bench.common import bench_model
+    from labutils.core.emulated_cuda import emulated_cuda
+    from labutils.model import presets
+    from labutils.model.gpt import GPTConfig
+    from labutils.perf import shape_choice
+    toy = dataclasses.replace(presets.PRESETS["llama-3.2-1b"], name="llama-toy", n_layer=2, n_head=4, n_kv_head=2,
+                              n_embd=64, n_inner=128, vocab_size=256)
+    monkeypatch.setitem(presets.PRESETS, "llama-toy", toy)
+    monkeypatch.setitem(presets.PRESETS, "llama-toy", dataclasses.replace(
+        toy, n_params=GPTConfig.preset("llama-toy").num_params()))
+    monkeypatch.setattr(shape_choice, "GPU_SHAPES", ("llama-toy",))
+    for rows_module in (decode_rows, serving_rows):         # emulated CUDA runs every op through Python: shorter
+        monkeypatch.setattr(rows_module, "MAX_CONTEXT", 1024)
+    with emulated_cuda():
+        s = bench.BenchSettings(device=torch.device("cuda"), rounds=1)
+        assert s.preset == "llama-toy"
+        model = bench_model(s.preset, str(s.device))
+        assert next(model.parameters()).dtype == torch.bfloat16 and model.config.rope
+        rows = [fn(s) for fn in (decode_rows.decode_bandwidth, decode_rows.prefill_throughput,
+                                 decode_rows.int8_vs_16_32, serving_rows.chunked_vs_whole_prefill_itl,
+                                 decode_rows.recompute_vs_cached, decode_rows.tpot_long_vs_short)]
+    bench_model.cache_clear()
+    for row in rows:
+        assert row.status in ("PASS", "FAIL") and "llama-toy shape" in row.setup and "cuda" in row.setup, row
+    bandwidth, prefill, int8, chunked, recompute, tpot = rows
+    assert "2048-token prompt + 16 new" in recompute.setup and tpot.name == "TPOT 1024 / TPOT 64 tokens in context"
+    assert prefill.name.startswith("prefill FLOP/s at 2048 tokens")
+    assert int8.name == "best of bf16 TPOT / int8 TPOT" and int8.target == "> 1.3" and "fp32" not in int8.detail
+    assert "then one 512-token prompt" in chunked.setup and "budget 256" in chunked.setup
+    assert "longest gap chunked" in chunked.detail and "p99 ITL" in chunked.detail

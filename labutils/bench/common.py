@@ -11,7 +11,10 @@ from typing import Callable
 import torch
 
 from labutils.perf import timing
+from labutils.perf.shape_choice import shape_for
+from labutils.model.build import build
 from labutils.model.gpt import GPT, GPTConfig
+from labutils.core.devices import default_dtype
 from labutils.core.draw import random_ids
 
 
@@ -23,9 +26,20 @@ class BenchSettings:
     quick: bool = False
     rounds: int = 3          # interleaved rounds per side; each row reports medians over them
 
-    @property
+    @functools.cached_property
     def preset(self) -> str:
-        return "bench-quick" if self.quick else "gpt2-small"
+        """The shape the rows time: a toy for --quick; else the lessons' shape for this device (shape_for):
+        gpt2-small on a CPU, on a GPU the largest Llama shape whose weights and a MAX_CONTEXT cache fit half its
+        free memory (a 7-8B shape's bytes and FLOPs, not its launches, set the times). Chosen once, before the
+        rows hold any memory."""
+        if self.quick:
+            return "bench-quick"
+        return shape_for(self.device, "gpt2-small", cache_tokens=MAX_CONTEXT).preset
+
+
+# The longest context a row reads (the long side of TPOT, chunked prefill's long prompt): a multi-thousand-token
+# prompt, while Llama 3.2's 131,072 positions would be a 15 GB cache and minutes of prefill.
+MAX_CONTEXT = 4096
 
 
 _OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
@@ -52,12 +66,15 @@ class BenchRow:
 
 @functools.lru_cache(maxsize=4)
 def bench_model(preset: str, device: str) -> GPT:
-    """Random fp32 weights of a preset's shape: timing needs the shape, not the knowledge."""
-    torch.manual_seed(0)
+    """Random weights of a preset's shape: timing needs the shape, not the knowledge. fp32 on a CPU; on CUDA in the
+    GPU's 16-bit dtype, built there (model.build): a 7B model in fp32 would be 27 GB before any cast."""
     if preset == "bench-quick":
         cfg = GPTConfig(vocab_size=512, context_length=160, n_layer=2, n_head=4, n_embd=64)
     else:
         cfg = GPTConfig.preset(preset)
+    if torch.device(device).type == "cuda":
+        return build(cfg, device, default_dtype(device), seed=0)
+    torch.manual_seed(0)
     return GPT(cfg).to(device).eval()
 
 
@@ -74,8 +91,8 @@ PROMPT_LEN, NEW_TOKENS = 128, 64      # the fast-loop rows' request: batch 1, a 
 
 
 def bench_dtype(s: BenchSettings) -> torch.dtype:
-    """fp32 on CPU (where the targets were set); bf16 on a GPU."""
-    return torch.bfloat16 if s.device.type == "cuda" else torch.float32
+    """fp32 on CPU (where the targets were set); on a GPU its 16-bit dtype (bf16, or fp16 before Ampere)."""
+    return default_dtype(s.device)
 
 
 def fast_model(model: GPT, s: BenchSettings) -> GPT:

@@ -22,7 +22,7 @@ from labutils.serving.engine import Engine, run_workload
 from labutils.serving import interference
 from labutils.serving.openai_client import OpenAIClient
 from labutils.serving.workload import Request, Workload, make_workload, summarize
-from labutils.bench.common import BenchRow, BenchSettings, bench_model
+from labutils.bench.common import MAX_CONTEXT, BenchRow, BenchSettings, bench_dtype, bench_model
 
 
 def serving_workload(cfg: GPTConfig, n: int = 32, seed: int = 0) -> Workload:
@@ -68,25 +68,32 @@ def continuous_vs_one_at_a_time(s: BenchSettings) -> BenchRow:
 
 
 def chunked_vs_whole_prefill_itl(s: BenchSettings) -> BenchRow:
-    """p99 ITL of running streams when a long prompt arrives: chunked prefill (a small token budget) vs whole."""
+    """The longest gap running streams see when a long prompt arrives: chunked prefill (a token budget) vs whole.
+
+    The longest gap, not the p99: each stream meets a whole prefill's stall once, so over hundreds of gaps a p99
+    can miss it. The p99 is reported beside it. On a GPU the prompt is thousands of tokens (Llama-2-7B's
+    3,584-token prefill is 50 TFLOP, 64 ms at an H200's 776 TFLOP/s) and the budget 256 tokens a step."""
     model = bench_model(s.preset, str(s.device))
-    ctx = model.config.context_length
+    ctx = min(model.config.context_length, MAX_CONTEXT)
+    on_gpu = s.device.type == "cuda"
     shape = dict(n_streams=4, stream_tokens=24, long_prompt=ctx - 40) if s.quick else \
-        dict(n_streams=8, stream_tokens=48, long_prompt=ctx // 2)
-    budget = 16 if s.quick else 64
+        dict(n_streams=8, stream_tokens=48, long_prompt=ctx - 512 if on_gpu else ctx // 2)
+    budget = 16 if s.quick else 256 if on_gpu else 64
     runs = {True: [], False: []}
     run = functools.partial(interference.long_prompt_among_streams, model, **shape)
     run(max_num_batched_tokens=budget)                     # warm-up, untimed
     for _ in range(s.rounds):
         for chunked in runs:
             runs[chunked].append(run(chunked=chunked, max_num_batched_tokens=budget if chunked else None))
+    longest = {c: statistics.median(r.longest_gap_s for r in v) for c, v in runs.items()}
     p99 = {c: statistics.median(r.summary.itl_s.p99 for r in v) for c, v in runs.items()}
     same = all(a.tokens == b.tokens for a, b in zip(runs[True][-1].streams, runs[False][-1].streams))
-    return BenchRow("p99 ITL with chunked prefill / whole prefill, a long prompt among running streams",
-                    p99[True] / p99[False], "<= 0.5",
-                    f"{s.preset} shape, random fp32, {s.device.type}, {shape['n_streams']} streams x "
-                    f"{shape['stream_tokens']} tokens, then one {shape['long_prompt']}-token prompt; "
+    return BenchRow("longest stream gap with chunked prefill / whole prefill, a long prompt among running streams",
+                    longest[True] / longest[False], "<= 0.5",
+                    f"{s.preset} shape, random {dtype_name(bench_dtype(s))}, {s.device.type}, {shape['n_streams']} "
+                    f"streams x {shape['stream_tokens']} tokens, then one {shape['long_prompt']}-token prompt; "
                     f"budget {budget} vs whole prompts; same stream tokens both ways: {same}",
+                    f"longest gap chunked {longest[True] * 1e3:.1f} ms, whole {longest[False] * 1e3:.1f} ms; "
                     f"p99 ITL chunked {p99[True] * 1e3:.1f} ms, whole {p99[False] * 1e3:.1f} ms "
                     f"(median of {s.rounds})")
 

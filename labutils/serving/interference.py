@@ -35,6 +35,12 @@ class Interference:
         """The streams' meters (ITL p50/p99 above all)."""
         return summarize(self.streams, self.wall_s)
 
+    @property
+    def longest_gap_s(self) -> float:
+        """The longest wait between two tokens of any stream: a whole prefill's stall, which a p99 over hundreds
+        of gaps can miss (each stream sees it once)."""
+        return max(gap for r in self.streams for gap in r.itl_s)
+
     def gaps(self) -> tuple[list[float], list[float]]:
         """Every stream token's (time, gap to the stream's previous token) in seconds, for the ITL plot."""
         points = sorted((t, gap) for r in self.streams for t, gap in zip(r.timestamps[1:], r.itl_s))
