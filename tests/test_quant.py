@@ -277,6 +277,36 @@ def test_cuda_path_matches_float_and_generates():
     assert {"fp32", "bf16", "dequant"} <= set(t)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_int8_under_the_compiled_decode_step_keeps_batched_equal_to_solo():
+    # Issue 27 part 3: int8 under one compiled, graphed decode step (gpt-fast's way), and a batch's rows still
+    # give each request's own tokens.
+    from labutils.decode.fastgen import FastDecoder
+    int8 = quantize_(small_gpt().to("cuda", torch.bfloat16))
+    ids = torch.randint(0, SMALL.vocab_size, (4, 8), generator=torch.Generator().manual_seed(0)).to("cuda")
+    batched = FastDecoder(int8, 4, 24, mode="compile")
+    assert batched.mode == "compile" and batched.fallback is None
+    together = batched.generate(ids, 12).tokens
+    solo = FastDecoder(int8, 1, 24, mode="compile")
+    assert all(torch.equal(solo.generate(ids[i:i + 1], 12).tokens[0], together[i]) for i in range(4))
+
+
+def test_a_layer_inside_a_compiled_step_runs_the_plain_dequantize_matmul(monkeypatch):
+    # Compiled on its own, each CUDA layer would be a graph of its own inside the step's graph; under the whole
+    # step's compile it must be the plain form inductor fuses. Checked on the CPU with the kernels recorded.
+    layer = Int8Linear.from_linear(nn.Linear(32, 16, bias=False))
+    layer.kernel = "dequant_compiled"                 # what int8_path gives a layer on CUDA
+    ran = []
+    for name in ("dequant", "dequant_compiled"):
+        monkeypatch.setitem(quant.KERNELS, name, lambda x, q, s, b, name=name: ran.append(name) or x[:, :16])
+    x = torch.randn(3, 32)
+    layer(x)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    layer(x)
+    assert ran == ["dequant_compiled", "dequant"]
+
+
 def test_the_tied_lookup_follows_the_model_to_another_dtype():
     model = quantize_(small_gpt())
     ids = torch.randint(0, SMALL.vocab_size, (1, 5))

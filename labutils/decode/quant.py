@@ -20,7 +20,9 @@ engine's tokens and a speculative verify pass's differed from solo generate()'s.
 CPU's GEMV computing each row on its own, a row's result does not depend on the rows beside it: batched, solo and
 verify passes agree. Prefill pays for that on a CPU (its time grows with the prompt). On CUDA the layer runs
 gpt-fast's dequantize-matmul under torch.compile, which fuses the cast into the matmul so only the int8 bytes are
-read; eager, that form writes and reads a float copy of the weight, slower than a plain 16-bit layer.
+read; eager, that form writes and reads a float copy of the weight, slower than a plain 16-bit layer. Compiled on its
+own, each layer is still a launch of its own between eager ops, and ran 4.9x slower than bf16 on an H200; under a
+whole compiled decode step (FastDecoder mode="compile") the same form fuses into one graph, as in gpt-fast.
 """
 from __future__ import annotations
 
@@ -200,7 +202,13 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)
-        y = KERNELS[self.kernel](x2, self.weight, self.scales, self.bias)
+        kernel = self.kernel
+        if kernel == "dequant_compiled" and torch.compiler.is_compiling():
+            # Inside a compiled decode step (FastDecoder mode="compile", as gpt-fast runs int8): the plain form, so
+            # inductor fuses the cast into the matmul's load within the whole step's graph, which a CUDA graph then
+            # replays. A layer compiled on its own there would be a graph of its own, launched per layer.
+            kernel = "dequant"
+        y = KERNELS[kernel](x2, self.weight, self.scales, self.bias)
         return y.reshape(*x.shape[:-1], self.out_features)     # the kernel chose y's layout: never view it
 
     def extra_repr(self) -> str:
