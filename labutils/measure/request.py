@@ -1,6 +1,7 @@
 """Measure real passes on random-weight models of preset shapes: one request, or one prefill / decode pass."""
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import statistics
@@ -195,22 +196,26 @@ def clear_models(n: int | None = None) -> None:
 
 def measure_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 1, dtype: str = "fp32",
                     device="cpu", *, repeats: int = 1, peaks=None, seed: int = 0,
-                    context_length: int | None = None, progress_desc: str = "") -> dict:
+                    context_length: int | None = None, progress_desc: str = "", skeleton: bool = False) -> dict:
     """Run one real request (random prompt ids, greedy decode) and return its metrics as a plain row.
 
     With repeats > 1 the request runs that many times; TTFT and TPOT are medians and the timestamps
     come from the run with the median latency. `peaks` (peaks.measured_peaks) defaults to this
     device's measured bandwidth and FLOP/s, for MBU and MFU. `context_length` overrides the preset's
     position table (GPT-2's 1,024 positions cannot hold 1,000 + 200 tokens). With a `progress_desc`, a bar in
-    the notebook counts the tokens of every run as they arrive.
+    the notebook counts the tokens of every run as they arrive. With skeleton=True the same request runs on the
+    preset's skeleton (`skeleton_config`: its layers and ops at toy width), through the same loop: its TTFT and
+    TPOT are what a prefill and a decode step cost besides their FLOPs and bytes (see floor_sets_time).
     """
     repeats = check_count("repeats", repeats, 1, 1000)
     return measure_requests(preset, [(prompt_len, new_tokens)], batch, dtype, device, rounds=repeats, peaks=peaks,
-                            seed=seed, context_length=context_length, progress_desc=progress_desc)[0]
+                            seed=seed, context_length=context_length, progress_desc=progress_desc,
+                            skeleton=skeleton)[0]
 
 
 def measure_requests(preset: str, settings, batch: int = 1, dtype: str = "fp32", device="cpu", *, rounds: int = 1,
-                     peaks=None, seed: int = 0, context_length: int | None = None, progress_desc: str = "") -> list[dict]:
+                     peaks=None, seed: int = 0, context_length: int | None = None, progress_desc: str = "",
+                     skeleton: bool = False) -> list[dict]:
     """measure_request for several (prompt_len, new_tokens) settings of one model, run in turn, round after
     round (A B C A B C ...): a slow patch of a noisy machine then lands on every setting alike, so the
     ratios between their rows hold. One row per setting, as measure_request returns it."""
@@ -224,6 +229,8 @@ def measure_requests(preset: str, settings, batch: int = 1, dtype: str = "fp32",
     if not settings or any(len(s) != 2 for s in settings):
         raise ValueError(f"settings must be (prompt_len, new_tokens) pairs, got {settings!r}")
     cfg = model_config(preset, context_length)
+    if skeleton:          # the same request on the preset's layers at toy width: a model of its own in the cache
+        preset, cfg = f"{preset} skeleton", skeleton_config(cfg)
     batch = check_count("batch", batch, 1)
     settings = [_check_lengths(prompt_len, new_tokens) for prompt_len, new_tokens in settings]
     dtype = _parse_dtype(dtype)
@@ -362,6 +369,40 @@ def _without_launches(one_pass, device: torch.device):
         return one_pass
 
 
+SKELETON_HEAD_DIM = 8      # a head 8 wide: every op of the real pass runs, on a rounding error of its bytes and FLOPs
+
+
+def skeleton_config(cfg: GPTConfig) -> GPTConfig:
+    """`cfg` at toy width: the same layers, heads, norms, positions and ops, each head 8 wide, the MLP four times the
+    width, a vocabulary of 256. Llama-2-7B's skeleton holds 0.5% of its bytes, gpt2-small's about 1%."""
+    width = cfg.n_head * SKELETON_HEAD_DIM
+    return dataclasses.replace(cfg, n_embd=width, n_inner=4 * width, vocab_size=256)
+
+
+def fixed_pass_s(preset: str, phase: str, n: int, dtype: str = "fp32", device="cpu", *, pos: int = 128,
+                 context_length: int | None = None, repeats: int = 5) -> float:
+    """What one pass (time_pass's phase, n and pos) of `preset` costs besides its bytes and FLOPs: the same pass
+    timed on its skeleton. That is Python and launches in eager mode, and on a GPU each kernel's few microseconds
+    even inside a CUDA graph. A roof sets a pass's time only where its floor is well above it (floor_sets_time).
+    """
+    check_choice("phase", phase, ("prefill", "decode"))
+    cfg = skeleton_config(model_config(preset, context_length))
+    model = build(cfg, check_device("device", device), _parse_dtype(dtype), seed=0)
+    return time_pass(model, phase, n, pos=pos, repeats=repeats)
+
+
+FLOOR_OVER_FIXED = 2.0
+
+
+def floor_sets_time(floor_s: float, fixed_s: float) -> bool:
+    """True when a pass's floor (its bytes / bandwidth, or FLOPs / peak) is at least FLOOR_OVER_FIXED times its fixed
+    costs (fixed_pass_s, or a request on the skeleton). A pass then takes about floor / efficiency + fixed, so the
+    roof sets at least two thirds of it, and the claims that rest on a roof can hold: twice the work gives at least
+    (4 + 1) / (2 + 1) = 1.67x the time, and a share of the roof stays above 30% down to a kernel efficiency of 40%.
+    Below it the fixed costs set the time, and those claims are not expected."""
+    return floor_s >= FLOOR_OVER_FIXED * fixed_s
+
+
 def roofline_point(preset: str, phase: str, n: int, dtype: str = "fp32", device="cpu", *, pos: int = 128,
                    repeats: int = 5) -> dict:
     """Time one pass (see time_pass) and place it on the roofline: FLOPs, bytes, intensity, achieved rates."""
@@ -381,5 +422,5 @@ def roofline_point(preset: str, phase: str, n: int, dtype: str = "fp32", device=
 
 
 __all__ = ["roofline_point", "time_pass", "available_devices", "check_request", "clear_models", "default_dtype_name", "dtype_choices",
-           "free_bytes", "get_model", "measure_request", "measure_requests", "memory_needed", "model_config",
-           "preset_choices"]
+           "fixed_pass_s", "floor_sets_time", "free_bytes", "get_model", "measure_request", "measure_requests",
+           "memory_needed", "model_config", "preset_choices", "skeleton_config"]
