@@ -61,6 +61,16 @@ def rows() -> list[tuple[str, str, str, str]]:
                     ("a 1,000-token prefill", roofline.prefill_flops(m, 1000) / roofline.prefill_bytes(m, 1000, 1, BF16))):
         out.append(("05", f"{name}'s intensity against the ridge point", f"{p:.1f} FLOP/byte against "
                     f"{H200.ridge:.0f}", f"{H200.ridge / p:.0f}x below" if p < H200.ridge else f"{p / H200.ridge:.1f}x above"))
+    m6 = _shape(4096)                                         # lesson 06: steps over its first 4,096 positions
+    recompute = roofline.prefill_floor_s(m6, 4096, peak_flops=flops)
+    cached = roofline.decode_floor_s(m6, 4096, 1, BF16, bandwidth_Bps=bw)
+    out.append(("06", "at 4,096 tokens a recompute step costs several cached steps", f"{m6}: a 4,096-token pass's "
+                f"{roofline.prefill_flops(m6, 4096) / 1e12:.1f} TFLOP / {flops / 1e12:.0f} TFLOP/s against a cached "
+                f"step's {roofline.decode_bytes(m6, 4096, 1, BF16) / 1e9:.1f} GB / {bw / 1e12:.1f} TB/s",
+                f"{recompute * 1e3:.0f} ms against {cached * 1e3:.2f} ms: {recompute / cached:.0f}x at the floors"))
+    growth = roofline.decode_bytes(m6, 4096, 1, BF16) / roofline.decode_bytes(m6, 256, 1, BF16)
+    out.append(("06", "with the cache the cost per step stays about flat from 256 to 4,096 tokens",
+                "bytes a cached step reads at 4,096 / at 256", f"{growth:.2f}x"))
     m7 = _shape(512 + 128, 64)                                # lesson 07: batch 64 at 128 positions, prefill of 512
     for batch in (1, 64):
         i = roofline.decode_flops(m7, 128, batch) / roofline.decode_bytes(m7, 128, batch, BF16)

@@ -35,7 +35,7 @@ shape_choice.LADDERS = (("llama-toy", "llama-toy-2"),)
 '''
 
 
-@pytest.mark.parametrize("lesson", ["05_prefill_decode.ipynb", "07_memory_wall.ipynb"])
+@pytest.mark.parametrize("lesson", ["05_prefill_decode.ipynb", "06_kv_cache.ipynb", "07_memory_wall.ipynb"])
 def test_a_lesson_runs_on_its_gpu_shape(lesson, tmp_path, monkeypatch):
     monkeypatch.setenv("LABUTILS_EMULATE_CUDA", "1")
     monkeypatch.setenv("LABUTILS_CACHE_DIR", str(tmp_path))     # emulated peaks stay out of the learner's cache

@@ -50,8 +50,8 @@ def shape_for(device, cpu_preset: str, *, cache_tokens: int, batch: int = 1,
     batch = check_count("batch", batch, 1)
     share = check_number("share", share, above=0.0, maximum=1.0, hint="the share of free memory, such as 0.5")
     if device.type != "cuda":
-        return ShapeChoice(cpu_preset, torch.float32, f"the course's shape on {device.type}, where it measures "
-                                                      "both phases in seconds")
+        return ShapeChoice(cpu_preset, torch.float32, f"the course's shape on a {device.type}: small enough to "
+                                                      "time in seconds there")
     dtype = default_dtype(device)
     sixteen = "" if dtype == torch.bfloat16 else "; fp16, because this GPU has no bf16"
     free = free_memory_bytes(device)
