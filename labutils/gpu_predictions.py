@@ -71,6 +71,12 @@ def rows() -> list[tuple[str, str, str, str]]:
     growth = roofline.decode_bytes(m6, 4096, 1, BF16) / roofline.decode_bytes(m6, 256, 1, BF16)
     out.append(("06", "with the cache the cost per step stays about flat from 256 to 4,096 tokens",
                 "bytes a cached step reads at 4,096 / at 256", f"{growth:.2f}x"))
+    m8 = _shape(128 + 32)                                     # lesson 08: the ladder at lesson 05's shape
+    floor8 = roofline.decode_floor_s(m8, roofline.mean_decode_pos(128, 32), 1, BF16, bandwidth_Bps=bw)
+    out.append(("08", "at the GPU shape's size the fastest stage (the graph) streams at a fair share of copy "
+                "bandwidth", f"{m8}'s floor {floor8 * 1e3:.2f} ms; expected where the skeleton's graph step is at most "
+                "half of it: the tiny model's graph of 65 kernels took 0.16 ms on the H200, about 2.5 us a kernel",
+                f"expected if the skeleton's step has fewer than {floor8 / 2 / 2.5e-6:.0f} kernels"))
     m7 = _shape(512 + 128, 64)                                # lesson 07: batch 64 at 128 positions, prefill of 512
     for batch in (1, 64):
         i = roofline.decode_flops(m7, 128, batch) / roofline.decode_bytes(m7, 128, batch, BF16)

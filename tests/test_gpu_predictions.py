@@ -28,4 +28,4 @@ def test_each_lesson_row_uses_the_shape_that_lesson_gets_on_the_h200(monkeypatch
     assert all(lesson_07.preset in arithmetic for lesson, _, arithmetic, _ in rows
                if lesson == "07" and "llama" in arithmetic)
     assert all(lesson_06.preset in arithmetic for lesson, _, arithmetic, _ in rows if lesson == "06" and "TFLOP" in arithmetic)
-    assert {lesson for lesson, *_ in rows} == {"05", "06", "07"}
+    assert {lesson for lesson, *_ in rows} == {"05", "06", "07", "08"}
