@@ -12,6 +12,7 @@ on any "does not hold here", so the prose never contradicts the output beside it
 from __future__ import annotations
 
 import math
+import re
 from typing import Sequence
 
 import numpy as np
@@ -20,6 +21,75 @@ from labutils.perf import quiet
 
 HOLDS, FAILS, NOT_HERE = "[holds]", "[does not hold here]", "[not expected here]"
 VERDICTS = (HOLDS, FAILS, NOT_HERE)
+
+
+# ---- the words a claim may use, and the bounds each one promises ----------------------------------------------------
+# A claim checks its sentence only if its bounds are as strict as the sentence's words. Each word below names the
+# loosest bounds it allows, on a ratio measured against 1 (or against the N the words name). The numbers:
+# - "about" / "roughly": within 0.8x-1.25x, symmetric on a log scale: a 25% miss either way, the size of a busy
+#   second on a shared 2-core machine; a window wider than 1.25 / 0.8 = 1.56 no longer means "about".
+# - "close to": within 0.75x-1.33x, a third either way: near, not equal.
+# - "doubles": 1.7x-2.3x, "about" around 2 (1.6x-2.5x) tightened, because "doubles" names the number itself.
+# - "nearly N": at least 0.85 N: within 15% below it.
+# - "several": at least 3: two is "a couple"; "many" and "far": at least 5 (or at most a fifth): an order of
+#   magnitude in spirit, and 5 is the least a reader would not call merely "more".
+# - "a large share": at least 50%, a majority; "a fair share": at least 25%; "a small fraction": at most 25%
+#   (or, read as its inverse, at least 4x).
+# - "barely moves": within 0.87x-1.15x, tighter than "about": barely is less than about.
+# - "within a factor of N": between 1/N and N, as the words say.
+# tests/test_claim_words.py reads every claim in the lessons and fails where a bound is looser than its words.
+
+INF = float("inf")
+
+
+def _about(lo: float, hi: float, low: float = 0.8, high: float = 1.25, center: float = 1.0) -> bool:
+    if lo > 0 and hi < INF and center == 1.0:
+        return hi / lo <= high / low + 1e-9           # a window of that width, wherever the measured value sits
+    return lo >= low * center - 1e-9 if hi == INF else hi <= high * center + 1e-9 if lo <= 0 else (
+        lo >= low * center - 1e-9 and hi <= high * center + 1e-9)
+
+
+_NUMBERS = {"twice": 2, "two": 2, "three": 3, "four": 4, "five": 5, "ten": 10}
+
+
+def _n(word: str) -> float:
+    return float(_NUMBERS.get(word, word))
+
+
+# (regex on the claim's text, what the words promise, the check on (lo, hi)); the first pattern that matches a
+# stretch of text claims it, so the specific patterns come before the general ones.
+WORDS: list[tuple[str, str, object]] = [
+    (r"\bwithin a factor of (\d+(?:\.\d+)?|two|three|four|five|ten)\b", "between 1/N and N",
+     lambda lo, hi, m: lo >= 1 / _n(m[1]) - 1e-9 and hi <= _n(m[1]) + 1e-9),
+    (r"\b(?:about |roughly )?doubles?\b", "1.7x-2.3x", lambda lo, hi, m: lo >= 1.7 and hi <= 2.3),
+    (r"\b(?:about|roughly) (twice|\d+(?:\.\d+)?x|(?:two|three|four|five|ten) times)", "0.8 N-1.25 N",
+     lambda lo, hi, m: _about(lo, hi, center=_n(m[1].split()[0].rstrip("x")))),
+    (r"\bnearly (\d+|all)\b", "at least 0.85 N",
+     lambda lo, hi, m: lo >= 0.85 * (1.0 if m[1] == "all" else _n(m[1])) - 1e-9),
+    (r"\bbarely\b", "0.87x-1.15x", lambda lo, hi, m: hi <= 1.15 and (lo <= 0 or lo >= 0.87)),
+    (r"\b(?:about|roughly)\b", "0.8x-1.25x", lambda lo, hi, m: _about(lo, hi)),
+    (r"\bclose to\b", "0.75x-1.33x", lambda lo, hi, m: _about(lo, hi, 0.75, 1.33)),
+    (r"\bseveral\b", "at least 3", lambda lo, hi, m: lo >= 3),
+    (r"\bmany times\b", "at least 5", lambda lo, hi, m: lo >= 5),
+    (r"(?<!not )\bfar (?!from)\w+", "at least 5, or at most 0.2", lambda lo, hi, m: lo >= 5 or hi <= 0.2),
+    (r"\ba large share\b", "at least 50%", lambda lo, hi, m: lo >= 0.5),
+    (r"\ba fair share\b", "at least 25%", lambda lo, hi, m: lo >= 0.25),
+    (r"\ba small fraction\b", "at most 25% (or its inverse at least 4x)", lambda lo, hi, m: hi <= 0.25 or lo >= 4),
+]
+
+
+def loose_words(text: str, lo: float = -INF, hi: float = INF) -> list[str]:
+    """The words of `text` whose promise the bounds (lo, hi) do not keep, each with what it needs: [] when the bounds
+    are as strict as the words. A one-sided bound passes INF (or -INF) on its open side."""
+    taken, loose = [], []
+    for pattern, needs, check in WORDS:
+        for m in re.finditer(pattern, text):
+            if any(a < m.end() and m.start() < b for a, b in taken):
+                continue                               # a more specific word already claimed this stretch
+            taken.append((m.start(), m.end()))
+            if not check(lo, hi, m):
+                loose.append(f"{m[0]!r} needs {needs}")
+    return loose
 
 
 def _number(value: float, fmt: str | None) -> str:
