@@ -61,6 +61,11 @@ def rows() -> list[tuple[str, str, str, str]]:
                     ("a 1,000-token prefill", roofline.prefill_flops(m, 1000) / roofline.prefill_bytes(m, 1000, 1, BF16))):
         out.append(("05", f"{name}'s intensity against the ridge point", f"{p:.1f} FLOP/byte against "
                     f"{H200.ridge:.0f}", f"{H200.ridge / p:.0f}x below" if p < H200.ridge else f"{p / H200.ridge:.1f}x above"))
+    pre_i = roofline.prefill_flops(m, 1000) / roofline.prefill_bytes(m, 1000, 1, BF16)
+    out.append(("05", "decode's share of the copy bandwidth is far above prefill's (at least 5x)",
+                "with both phases at their floors: prefill's intensity / the ridge point (decode at 100% of the "
+                "bandwidth, prefill at 100% of the matmul peak)", f"{pre_i / H200.ridge:.1f}x at the floors: it holds "
+                "only if decode reaches about as large a share of its roof as prefill does of its own"))
     m6 = _shape(4096)                                         # lesson 06: steps over its first 4,096 positions
     recompute = roofline.prefill_floor_s(m6, 4096, peak_flops=flops)
     cached = roofline.decode_floor_s(m6, 4096, 1, BF16, bandwidth_Bps=bw)
