@@ -111,3 +111,11 @@ def test_the_build_is_seeded_and_refuses_what_does_not_fit(monkeypatch):
         gpu(monkeypatch, 10.0)
         with pytest.raises(DoesNotFitError, match=r"13\.5 GB in torch.bfloat16, but only 10\.0 GB is free on cuda"):
             build(GPTConfig.preset("llama-2-7b"), "cuda", torch.bfloat16)
+
+
+def test_emulated_cuda_keeps_the_small_shapes():
+    # Emulated CUDA computes on the CPU: a lesson that picked a Llama shape there would run for hours (the dry run
+    # of gpu_check timed out on lesson 06 when emulated CUDA said 16 GiB were free). It reports too little memory.
+    with emulated_cuda():
+        choice = shape_for("cuda", "tiny", cache_tokens=4096)
+    assert choice.preset == "tiny" and choice.dtype == torch.bfloat16 and "even llama-3.2-1b needs" in choice.why

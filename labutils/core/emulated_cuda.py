@@ -212,6 +212,12 @@ class _Event:
         return (other.t - self.t) * 1e3
 
 
+# The free memory emulated CUDA reports: room for the lessons' small shapes, too little for any of shape_for's GPU
+# shapes (Llama-3.2-1B needs 2.5 GB in bf16), so lessons keep their CPU shapes here. Emulated values live on the CPU
+# and run at its speed: a Llama shape's 4,096-token passes would take hours, not the seconds a GPU needs.
+EMULATED_FREE_BYTES = 2 * (1 << 30)
+
+
 def _properties(device=None):
     return types.SimpleNamespace(name="emulated CUDA (values on the CPU)", total_memory=24 * (1 << 30),
                                  L2_cache_size=50 * (1 << 20), multi_processor_count=132, major=9, minor=0)
@@ -230,7 +236,7 @@ def _runtime_patches() -> list:
         "get_device_name": lambda *a: _properties().name, "get_device_properties": _properties,
         "is_bf16_supported": lambda *a, **k: True, "memory_allocated": lambda *a, **k: 0,
         "max_memory_allocated": lambda *a, **k: 0, "reset_peak_memory_stats": lambda *a, **k: None,
-        "empty_cache": lambda: None, "mem_get_info": lambda *a: (16 * (1 << 30), _properties().total_memory),
+        "empty_cache": lambda: None, "mem_get_info": lambda *a: (EMULATED_FREE_BYTES, _properties().total_memory),
         "CUDAGraph": _NoGraphs, "graph_pool_handle": _NoGraphs,
         "_lazy_init": lambda: None,     # torch asks it before making a tensor on "cuda"; a CPU build refuses
     }
