@@ -113,3 +113,15 @@ def test_bad_slo():
         SLO(tpot_s=0)
     with pytest.raises(TypeError, match="slo must be an SLO"):
         summarize([], 1.0, slo=0.5)
+
+
+def test_an_itl_slo_catches_the_stall_a_tpot_slo_averages_away():
+    # 40 gaps of 10 ms and one of 300 ms (a whole prefill among the streams): TPOT 17 ms; the p99 of 41 gaps
+    # interpolates between the two largest, 184 ms: the stall still stands out.
+    stalled = result(0, 0.0, [0.01 * i for i in range(41)] + [0.7])
+    steady = result(1, 0.0, [0.01 * i for i in range(42)])
+    assert stalled.itl_p99_s == pytest.approx(np.percentile(stalled.itl_s, 99)) and stalled.itl_p99_s > 0.1
+    assert summarize([stalled, steady], 1.0, slo=SLO(tpot_s=0.02)).goodput_req_s == 2      # the mean hides it
+    assert summarize([stalled, steady], 1.0, slo=SLO(itl_p99_s=0.05)).goodput_req_s == 1   # the p99 gap does not
+    assert math.isnan(result(2, 0.0, [0.1]).itl_p99_s)                   # one token: no gap, nothing to miss
+    assert SLO(itl_p99_s=0.05).met_by(result(2, 0.0, [0.1]))
