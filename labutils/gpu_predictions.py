@@ -2,10 +2,9 @@
 
 A claim about a GPU checked only on a CPU rests on arithmetic; this module writes that arithmetic down, so a reader
 can check each figure and the next `make gpu-check` can be read against it. Every number comes from
-labutils.perf.roofline and shape_choice, fed the peaks the H200 run measured (docs/gpu/h200-2026-12-04: copy 4.2 TB/s,
-775.8 TFLOP/s bf16 matmuls;
-lesson 08 printed the copy rate as 4,158.7 GB/s) and its 139 GB. A floor is the least time the bytes or FLOPs allow; a measured time
-sits above it, by the share of the peak reached. `python -m labutils.gpu_predictions` prints docs/gpu/predictions.md;
+labutils.perf.roofline and shape_choice, fed the peaks the H200 run measured (docs/gpu/h200-2026-12-04: copy
+4,158.7 GB/s as lesson 08 printed it, 775.8 TFLOP/s in bf16 matmuls) and its 139 GB. A floor is the least time the
+bytes or FLOPs allow; a measured time sits above it, by the share of the peak reached. `python -m labutils.gpu_predictions` prints docs/gpu/predictions.md;
 tests/test_gpu_predictions.py checks the file is current.
 """
 from __future__ import annotations
@@ -56,12 +55,12 @@ def rows() -> list[tuple[str, str, str, str]]:
     out.append(("05", "twice the prompt about doubles TTFT (256 -> 512 tokens)",
                 "prefill FLOPs(512) / prefill FLOPs(256): attention's share grows with the square",
                 f"{ratio:.2f}x, once a 256-token prefill's {roofline.prefill_floor_s(m, 256, peak_flops=flops) * 1e3:.1f}"
-                " ms floor is far above a pass's fixed costs"))
+                " ms floor is at least twice a pass's fixed costs"))
+    pre_i = roofline.prefill_flops(m, 1000) / roofline.prefill_bytes(m, 1000, 1, BF16)
     for name, p in (("decode", roofline.decode_flops(m, pos) / roofline.decode_bytes(m, pos, 1, BF16)),
-                    ("a 1,000-token prefill", roofline.prefill_flops(m, 1000) / roofline.prefill_bytes(m, 1000, 1, BF16))):
+                    ("a 1,000-token prefill", pre_i)):
         out.append(("05", f"{name}'s intensity against the ridge point", f"{p:.1f} FLOP/byte against "
                     f"{H200.ridge:.0f}", f"{H200.ridge / p:.0f}x below" if p < H200.ridge else f"{p / H200.ridge:.1f}x above"))
-    pre_i = roofline.prefill_flops(m, 1000) / roofline.prefill_bytes(m, 1000, 1, BF16)
     out.append(("05", "decode's share of the copy bandwidth is far above prefill's (at least 5x)",
                 "with both phases at their floors: prefill's intensity / the ridge point (decode at 100% of the "
                 "bandwidth, prefill at 100% of the matmul peak)", f"{pre_i / H200.ridge:.1f}x at the floors: it holds "

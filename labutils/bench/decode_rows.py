@@ -34,7 +34,8 @@ def recompute_vs_cached(s: BenchSettings) -> BenchRow:
                       "cached": lambda: generate(model, ids, new, use_cache=True)}, s)
     return BenchRow("recompute / cached, end to end", t["recompute"] / t["cached"], ">= 3",
                     f"{s.preset} shape, random {dtype_name(bench_dtype(s))}, {s.device.type}, {prompt_len}-token "
-                    f"prompt + {new} new", f"recompute {t['recompute']:.2f} s, cached {t['cached']:.2f} s (median of {s.rounds})")
+                    f"prompt + {new} new",
+                    f"recompute {t['recompute']:.2f} s, cached {t['cached']:.2f} s (median of {s.rounds})")
 
 
 def tpot_long_vs_short(s: BenchSettings) -> BenchRow:
@@ -78,9 +79,7 @@ def int8_vs_16_32(s: BenchSettings) -> BenchRow:
     # On a GPU fp32 is no contender (and a 7B model in fp32 is 27 GB): bf16 against int8 there, target 1.3x
     # (gpt-fast: 155.6 against 104.9 tokens/s for Llama-2-7B on an A100, 1.48x; the bytes allow at most 2x).
     on_gpu = s.device.type == "cuda"
-    floats = {half_name: base.to(half) if on_gpu else copy.deepcopy(base).to(half)}
-    if not on_gpu:
-        floats = {"fp32": base, **floats}
+    floats = {half_name: base} if on_gpu else {"fp32": base, half_name: copy.deepcopy(base).to(half)}   # CUDA's is 16-bit
     models = {**floats, "int8": quant.quantize_(copy.deepcopy(base).to(default_dtype(s.device)))}
     prompt_len, new = (16, 8) if s.quick else (128, 32)
     ids = random_ids(base.config.vocab_size, (1, prompt_len))

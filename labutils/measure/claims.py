@@ -43,10 +43,16 @@ INF = float("inf")
 
 
 def _about(lo: float, hi: float, low: float = 0.8, high: float = 1.25, center: float = 1.0) -> bool:
-    if lo > 0 and hi < INF and center == 1.0:
-        return hi / lo <= high / low + 1e-9           # a window of that width, wherever the measured value sits
-    return lo >= low * center - 1e-9 if hi == INF else hi <= high * center + 1e-9 if lo <= 0 else (
-        lo >= low * center - 1e-9 and hi <= high * center + 1e-9)
+    """(lo, hi) within low x center .. high x center; a two-sided window around 1 may sit anywhere, only its width
+    (high / low) is bounded, since the words name no number."""
+    if center == 1.0 and lo > 0 and hi < INF:
+        return hi / lo <= high / low + 1e-9
+    lo_ok, hi_ok = lo >= low * center - 1e-9, hi <= high * center + 1e-9
+    if hi == INF:
+        return lo_ok
+    if lo <= 0:
+        return hi_ok
+    return lo_ok and hi_ok
 
 
 _NUMBERS = {"twice": 2, "two": 2, "three": 3, "four": 4, "five": 5, "ten": 10}

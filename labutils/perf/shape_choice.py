@@ -61,13 +61,13 @@ def shape_for(device, cpu_preset: str, *, cache_tokens: int, batch: int = 1,
                                               f"{sixteen}")
     name = largest_fitting(free, dtype, cache_tokens, batch, share)
     if name is not None:
-        weights, cache = weight_bytes(name, dtype), kv_cache_bytes(name, cache_tokens, batch, dtype)
+        weights, cache = _bytes(name, dtype, cache_tokens, batch)
         return ShapeChoice(name, dtype, (
             f"the largest of {', '.join(GPU_SHAPES)} whose weights ({weights / 1e9:.1f} GB) and cache of "
             f"{batch} x {cache_tokens:,} tokens ({cache / 1e9:.2f} GB) fit in {share:.0%} of the "
             f"{free / 1e9:.1f} GB free on {where}{sixteen}"))
     smallest = GPU_SHAPES[-1]
-    need = weight_bytes(smallest, dtype) + kv_cache_bytes(smallest, cache_tokens, batch, dtype)
+    need = sum(_bytes(smallest, dtype, cache_tokens, batch))
     return ShapeChoice(cpu_preset, dtype, (
         f"even {smallest} needs {need / 1e9:.1f} GB, more than {share:.0%} of the {free / 1e9:.1f} GB free on "
         f"{where}, so the small shape; its decode measures overheads more than bytes{sixteen}"))
@@ -77,10 +77,13 @@ def largest_fitting(free_bytes: float, dtype: torch.dtype, cache_tokens: int, ba
                     share: float = MEMORY_SHARE) -> str | None:
     """The first of GPU_SHAPES whose weights and a cache of batch x cache_tokens, in `dtype`, take at most `share` of
     `free_bytes`; None when none does. shape_for's rule, apart from the device, for arithmetic about a GPU."""
-    for name in GPU_SHAPES:
-        if weight_bytes(name, dtype) + kv_cache_bytes(name, cache_tokens, batch, dtype) <= share * free_bytes:
-            return name
-    return None
+    return next((name for name in GPU_SHAPES if sum(_bytes(name, dtype, cache_tokens, batch)) <= share * free_bytes),
+                None)
+
+
+def _bytes(name: str, dtype: torch.dtype, cache_tokens: int, batch: int) -> tuple[int, int]:
+    """(weight bytes, cache bytes) of a shape holding batch x cache_tokens tokens in `dtype`."""
+    return weight_bytes(name, dtype), kv_cache_bytes(name, cache_tokens, batch, dtype)
 
 
 def next_larger(preset: str) -> str:
@@ -93,4 +96,5 @@ def next_larger(preset: str) -> str:
                      f"{[name for ladder in LADDERS for name in ladder[:-1]]}")
 
 
-__all__ = ["GPU_SHAPES", "HOW_TO_CHOOSE", "LADDERS", "largest_fitting", "MEMORY_SHARE", "ShapeChoice", "next_larger", "shape_for"]
+__all__ = ["GPU_SHAPES", "HOW_TO_CHOOSE", "LADDERS", "MEMORY_SHARE", "ShapeChoice", "largest_fitting", "next_larger",
+           "shape_for"]
