@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from labutils.perf.roofline import kv_cache_bytes
-from labutils.serving import interference
+from labutils.serving import Engine, interference
 from labutils.figures.serving import budget_figure, itl_figure
 from labutils.serving.workload import make_workload
 
@@ -33,6 +33,19 @@ def test_the_sweep_serves_every_budget_and_whole_prompts():
     assert all(p.summary.n_completed == 6 for p in points)
     fig = budget_figure(points)
     assert list(fig.data[0].text) == ["8", "32", "whole"]
+    # A smaller budget cuts the same prompts into more forwards; each point times its prompt-free forwards.
+    assert points[0].forwards > points[1].forwards >= points[2].forwards > 0
+    assert all(0 < p.decode_step_s < p.summary.wall_s for p in points)
+
+
+def test_each_timeline_row_times_its_own_step_not_the_idle_wait_before_it():
+    engine = Engine(MODEL, 2)
+    engine.submit([1, 2, 3], 3, arrival_s=0.0)
+    engine.submit([4, 5], 2, arrival_s=0.2)                 # the engine sleeps about 0.2 s before this one
+    engine.run()
+    rows = engine.timeline
+    assert all(0 < r["step_s"] < 0.15 for r in rows)
+    assert sum(r["step_s"] for r in rows) < rows[-1]["t"] - 0.15
 
 
 def test_a_handoff_costs_the_prompts_kv_bytes_over_the_link():

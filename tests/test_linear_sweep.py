@@ -49,6 +49,17 @@ def test_sweep_rows_are_consistent_with_the_roofline_counts():
     assert bf16[0]["bytes"] == roofline.linear_bytes(64, 32, 2, torch.bfloat16)
 
 
+def test_the_default_weight_is_as_large_as_the_copy_probes_buffer(monkeypatch):
+    # A weight that fits in a cache outruns the copy bandwidth (lesson 07 once stored a 9.4 MB GEMV at 184% of it).
+    from labutils.perf import probes
+    monkeypatch.setattr(probes, "default_copy_bytes", lambda device=None: 1 << 20)
+    rows = measure_linear_sweep(n_in=256, batches=(1, 2), device="cpu", repeats=1, warmup=0)
+    assert [(r["n_out"], r["n_in"]) for r in rows] == [(1024, 256)] * 2       # 1 MiB of fp32 in rows 256 wide
+    assert rows[0]["bytes"] == roofline.linear_bytes(1024, 256, 1, torch.float32)
+    monkeypatch.setattr(probes, "free_memory_bytes", lambda device=None: 1 << 20)
+    assert probes.weight_rows_beyond_cache(256, torch.bfloat16, "cpu") == (1 << 18) // 512   # a quarter of free
+
+
 def test_sweep_rejects_bad_input():
     with pytest.raises(ValueError, match="batch must be >= 1"):
         measure_linear_sweep(8, 8, batches=(1, 0))

@@ -75,6 +75,16 @@ def cache_label(device: torch.device | str | None = None) -> str:
     return label
 
 
+def weight_rows_beyond_cache(n_in: int, dtype: torch.dtype, device: torch.device | str | None = None) -> int:
+    """Rows of an [n_out, n_in] weight as large as the copy probe's buffer (default_copy_bytes), or a quarter of the
+    free memory where that is less: a weight that no cache holds, so a GEMV on it streams from memory."""
+    device = resolve_device(device)
+    nbytes, free = default_copy_bytes(device), free_memory_bytes(device)
+    if free is not None:
+        nbytes = min(nbytes, free // 4)
+    return nbytes // (check_count("n_in", n_in, 1) * dtype.itemsize)
+
+
 class MeasurementError(RuntimeError):
     """A probe did not fit in memory (or could not run); the message says how to shrink it."""
 
@@ -285,21 +295,27 @@ def measure_matmul_flops(dtype: torch.dtype = torch.float32, device: torch.devic
                          f"matrices) on {device}", "Pass a smaller n= to measure_matmul_flops.")
 
 
-def measure_linear_sweep(n_out: int = 3072, n_in: int = 768, batches=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+def measure_linear_sweep(n_out: int | None = None, n_in: int = 4096, batches=(1, 2, 4, 8, 16, 32, 64, 128, 256),
                          dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
-                         repeats: int = 5, warmup: int = 2, seed: int = 0) -> list[dict]:
+                         repeats: int = 3, warmup: int = 1, seed: int = 0) -> list[dict]:
     """Time y = x @ W.T for one [n_out, n_in] weight at each batch (rows of x): the GEMV -> GEMM walk.
 
-    The default is gpt2-small's MLP weight. Returns one plain row per batch, for a table or a plotly
-    line: batch, seconds (median), bytes and flops (roofline.linear_bytes / linear_flops),
-    bytes_per_s, flops_per_s and intensity (FLOP/byte). At batch 1 every weight byte serves two
-    FLOPs, so bandwidth sets the time; each extra row reuses the same bytes, until FLOP/s does.
+    Returns one plain row per batch, for a table or a plotly line: n_out, n_in, batch, seconds (median), bytes and
+    flops (roofline.linear_bytes / linear_flops), bytes_per_s, flops_per_s and intensity (FLOP/byte). At batch 1
+    every weight byte serves two FLOPs, so bandwidth sets the time; each extra row reuses the same bytes, until
+    FLOP/s does.
+
+    By default the weight is n_in = 4,096 wide (a 7-8B model's width) with as many rows as make it as large as the
+    copy probe's buffer (default_copy_bytes): larger than any cache, so the GEMV reads from the memory the copy
+    bandwidth was measured on. A weight of a few megabytes stays in a CPU's cache and outruns that bandwidth.
     """
     from labutils.perf import roofline
     device = resolve_device(device)
     check_dtype(dtype, device)
     seed = check_seed(seed)
     batches = list(batches)
+    if n_out is None:
+        n_out = max(weight_rows_beyond_cache(n_in, dtype, device), 1)
     for name, value in (("n_out", n_out), ("n_in", n_in), ("repeats", repeats), *(("batch", b) for b in batches)):
         check_count(name, value, 1)
     if not batches:
@@ -313,9 +329,9 @@ def measure_linear_sweep(n_out: int = 3072, n_in: int = 768, batches=(1, 2, 4, 8
         seconds = time_fn(lambda: torch.matmul(x, w.t(), out=out), device=device, warmup=warmup,
                           repeats=repeats).median_s
         nbytes, flops = roofline.linear_bytes(n_out, n_in, batch, dtype), roofline.linear_flops(n_out, n_in, batch)
-        rows.append(dict(batch=batch, seconds=seconds, bytes=nbytes, flops=flops, bytes_per_s=nbytes / seconds,
+        rows.append(dict(n_out=n_out, n_in=n_in, batch=batch, seconds=seconds, bytes=nbytes, flops=flops, bytes_per_s=nbytes / seconds,
                          flops_per_s=flops / seconds, intensity=roofline.arithmetic_intensity(flops, nbytes)))
     return rows
 
 
-__all__ = ['MeasurementError', 'bandwidth_sweep_sizes', 'cache_label', 'check_dtype', 'default_copy_bytes', 'default_matmul_n', 'device_cache', 'in_virtual_machine', 'last_level_cache', 'last_level_cache_bytes', 'measure_bandwidth', 'measure_bandwidth_sweep', 'measure_linear_sweep', 'measure_matmul_flops', 'sweep_repeats']
+__all__ = ['MeasurementError', 'bandwidth_sweep_sizes', 'cache_label', 'check_dtype', 'default_copy_bytes', 'default_matmul_n', 'device_cache', 'in_virtual_machine', 'last_level_cache', 'last_level_cache_bytes', 'measure_bandwidth', 'measure_bandwidth_sweep', 'measure_linear_sweep', 'measure_matmul_flops', 'sweep_repeats', 'weight_rows_beyond_cache']

@@ -211,7 +211,8 @@ class Engine:
         if self._t0 is None:                 # a new workload: a new clock and a fresh record
             self._t0 = time.perf_counter()
             self.finished, self.timeline = [], []
-        done = self._arrive(self.clock())
+        start = self.clock()
+        done = self._arrive(start)
         plan = self.scheduler.schedule(self.clock())
         if plan:
             done += self._forward(plan)
@@ -219,7 +220,7 @@ class Engine:
         self.peak_blocks = max(self.peak_blocks, self.blocks.used)
         now = self.clock()
         running = self.scheduler.running
-        self.timeline.append(dict(t=now, running=len(running), waiting=len(self.scheduler.waiting),
+        self.timeline.append(dict(t=now, step_s=now - start, running=len(running), waiting=len(self.scheduler.waiting),
                                   blocks_used=self.blocks.used, blocks_cached=self.blocks.cached,
                                   kv_tokens=sum(s.n_computed for s in running),    # positions really stored
                                   decode_tokens=sum(1 for _, n in plan if n == 1),

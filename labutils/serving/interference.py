@@ -8,6 +8,8 @@ tunes: a small budget protects ITL and delays TTFT, a large one the opposite.
 """
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import dataclass
 
 import torch
@@ -78,10 +80,14 @@ def long_prompt_among_streams(model, *, n_streams: int = 8, stream_prompt: int =
 
 @dataclass
 class BudgetPoint:
-    """One budget's serving meters: None for a budget means whole prompts (no chunking)."""
+    """One budget's serving meters: None for a budget means whole prompts (no chunking). `forwards` counts the
+    steps that ran the model; `decode_step_s` is the median time of those that fed it only decode tokens: what a
+    forward costs with no prompt in it."""
 
     budget: int | None
     summary: Summary
+    forwards: int
+    decode_step_s: float
 
 
 def budget_sweep(model, workload: Workload, budgets, max_batch_size: int, *, repeats: int = 1,
@@ -95,7 +101,11 @@ def budget_sweep(model, workload: Workload, budgets, max_batch_size: int, *, rep
         options = dict(chunked_prefill=False) if budget is None else dict(max_num_batched_tokens=budget)
         runs = sorted((serve(model, workload, max_batch_size, prefix_caching=False, **options)
                        for _ in range(repeats)), key=lambda s: s.wall_s)
-        points.append(BudgetPoint(budget, runs[len(runs) // 2].summary))
+        run = runs[len(runs) // 2]
+        ran = [row for row in run.timeline if row["decode_tokens"] or row["prefill_tokens"]]
+        decode_only = [row["step_s"] for row in ran if not row["prefill_tokens"]]
+        points.append(BudgetPoint(budget, run.summary, len(ran),
+                                  statistics.median(decode_only) if decode_only else math.nan))
         bar.step("budgets served")
     bar.done()
     return points
