@@ -19,9 +19,14 @@ __version__ = "0.1.0"
 
 LAYERS = ("core", "text", "model", "perf", "decode", "serving", "measure", "figures", "widgets")
 
+# JupyterLab breaks printed lines anywhere (`word-break: break-all` on outputs' <pre>), so a long claim wrapped
+# mid-word ("matm" / "ul"). The lesson's page wraps its printed lines at spaces instead, and breaks inside a word
+# only where the word alone is wider than the column.
+PAGE_STYLE = "<style>.jp-OutputArea-output pre {word-break: normal; overflow-wrap: anywhere}</style>"
+
 
 def setup_notebook(seed: int = 0):
-    """First cell of every lesson: seed every random source and keep plots light.
+    """First cell of every lesson: seed every random source, keep plots light, wrap printed lines at spaces.
 
     Plotly's default notebook renderer embeds all of plotly.js in each output; the mimetype
     renderer stores only the figure JSON, which JupyterLab's bundled plotly extension draws.
@@ -44,4 +49,8 @@ def setup_notebook(seed: int = 0):
     np.random.seed(seed)
     torch.manual_seed(seed)
     enter_if_asked()        # LABUTILS_EMULATE_CUDA=1: this lesson runs on emulated CUDA (gpu_check --dry-run)
+    from labutils.core.progress_bar import in_notebook
+    if in_notebook():
+        from IPython.display import HTML, display
+        display(HTML(PAGE_STYLE))
     return pick_device()

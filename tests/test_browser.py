@@ -4,8 +4,9 @@ One JupyterLab server, with its default settings (windowing on: cells off screen
 headless Chromium serve every test here. Each test serves a *copy* of its lesson (JupyterLab autosaves, and the stored
 lessons must keep their nbval outputs), clicks Kernel -> Restart Kernel and Run All Cells, waits for the last cell,
 and fails naming every cell that raised (error outputs, or a stderr output with a Traceback). Then it scrolls every
-cell into view and fails on any plotly plot without a trace that has points (`undrawn_plots`): a widget's plot that
-came up blank, or a static figure that did. What runs, and why:
+cell into view and fails on any plotly plot without a trace that has points (`plot_problems`): a widget's plot that
+came up blank, or a static figure that did; and on any plot wider than its cell's column in JupyterLab's default
+1280 x 900 window with the file browser open (a cut legend or title). What runs, and why:
 - lesson 01, whole: type into the token viewer (the ids become the typed text's cl100k_base ids), paste a long
   paragraph (its tokens and ids wrap inside the cell). Heading ids must equal notebook_links.anchor's.
 - lesson 04, whole: the sampling playground's labels are not cut off, and a move of the temperature slider changes
@@ -16,7 +17,10 @@ came up blank, or a static figure that did. What runs, and why:
 - lesson 07, the cells its batch roofline needs: a batch slider move draws the new point on both plots.
 - lesson 08, the cells its decode stream needs: the streamed text fills the box, and the box shows its newest line.
 - lesson 09, the cells its dashboard needs: the dashboard draws its Gantt (queued, prefill, decode) and meters; its
-  button is disabled while a run is in progress; a second run redraws.
+  button is disabled while a run is in progress; a second run, of 128 requests, redraws a chart that stays under
+  700 px, keeps y labels and a title clear of its legend; a moved control dims the results.
+- lesson 11, the cells its interference and budget plots need: both fit the column, each run's arrival line is in
+  the legend, and printed lines wrap at spaces.
 - lesson 10, whole: every figure draws, each best-k star in its line's colour.
 The partial lessons read those cells from the .ipynb at test time, so the test cannot drift from the lesson.
 
@@ -201,19 +205,24 @@ def show_cell(page, marker: str) -> int:
     return index
 
 
-# Per cell, per plot: [traces, traces with points]. Plotly keeps the figure it drew on the element (gd.data).
+# Per cell, per plot: [traces, traces with points, its width, the room from its left edge to the cell's right edge]. Plotly keeps the figure it
+# drew on the element (gd.data, and gd._fullLayout.width: the width it drew at).
 CELL_PLOTS_JS = """(i) => { const nb = window.jupyterapp.shell.currentWidget.content; const cell = nb.widgets[i];
     nb.scrollToItem(i, 'center');
     if (!cell.node.isConnected) return null;
     return [...cell.node.querySelectorAll('.js-plotly-plot')].map(gd => {
         const data = gd.data || [];
         const points = t => ['x', 'y', 'z', 'values'].some(k => t[k] && t[k].length > 0);
-        return [data.length, data.filter(points).length]; }); }"""
+        const area = gd.closest('.jp-Cell-outputArea');
+        return [data.length, data.filter(points).length,
+                Math.round(gd._fullLayout ? gd._fullLayout.width : gd.getBoundingClientRect().width),
+                area ? area.getBoundingClientRect().right - gd.getBoundingClientRect().left : Infinity]; }); }"""
 
 
-def undrawn_plots(page) -> list[str]:
-    """Scroll through every cell and name each plotly plot that has no trace with points, or is not drawn at all
-    where the notebook's model says a plot was output."""
+def plot_problems(page) -> list[str]:
+    """Scroll through every cell and name each plotly plot that has no trace with points, is not drawn at all
+    where the notebook's model says a plot was output, or is wider than the cell's output column (its right edge,
+    a legend or a title, then sits out of sight)."""
     problems = []
     n = page.evaluate("() => window.jupyterapp.shell.currentWidget.content.widgets.length")
     expected = page.evaluate("""() => window.jupyterapp.shell.currentWidget.context.model.toJSON().cells.map(c =>
@@ -227,14 +236,17 @@ def undrawn_plots(page) -> list[str]:
             continue
         if len(found) < expected[i]:
             problems.append(f"cell {i}: {expected[i]} plotly outputs in the notebook, {len(found)} drawn")
-        problems += [f"cell {i}, plot {j}: {traces} traces, none with points" for j, (traces, drawn) in
-                     enumerate(found) if drawn == 0]
+        for j, (traces, drawn, width, room) in enumerate(found):
+            if drawn == 0:
+                problems.append(f"cell {i}, plot {j}: {traces} traces, none with points")
+            if width > room:
+                problems.append(f"cell {i}, plot {j}: {width} px wide in an output column of {room:.0f} px")
     return problems
 
 
 def assert_every_plot_drawn(page) -> None:
-    problems = undrawn_plots(page)
-    assert not problems, "plots that did not draw:\n" + "\n".join(problems)
+    problems = plot_problems(page)
+    assert not problems, "plots that did not draw, or do not fit their column:\n" + "\n".join(problems)
 
 
 def plots(page, scope: str) -> str:
@@ -296,10 +308,11 @@ def lab(tmp_path_factory):
 def lesson_page(lab, lesson: str, pick=None, timeout_s: float = 300):
     """A page with the lesson (or the cells `pick` chooses) run to the end; its kernel is shut down afterwards."""
     browser, url, token, root = lab
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    # JupyterLab's defaults as a learner meets them: a 1280 x 900 window with the file browser open, which leaves
+    # the notebook an output column of about 845 px.
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
     try:
         run_all(page, url, token, lesson_copy(root, lesson, pick), timeout_s)
-        page.keyboard.press("Control+B")         # hide the file browser: more room for the widget
         yield page
     finally:
         page.close()
@@ -457,18 +470,50 @@ def test_lesson09_dashboard_serves_and_draws_its_gantt(lab):
         assert json.loads(first)[0], "the dashboard's Gantt has no traces after dashboard.run()"
         legend = set(page.locator(f"{board} .legendtext").all_text_contents())
         assert {"queued", "prefill", "decode"} <= legend, legend
-        assert label_cuts(page, board) == []
-        type_into_readout(page, board, "requests", 8)                            # a third of the work: quick
+        assert label_cuts(page, board) == []                                     # "Run wor..." was cut once
+        type_into_readout(page, board, "requests", 128)                          # the slider's most
         button = page.locator(f"{board} button:has-text('Run workload')")
         button.click()
         page.wait_for_function("(sel) => document.querySelector(sel + ' button').disabled", arg=board,
                                timeout=30_000)                                   # disabled while it serves
-        wait_for_new_plots(page, board, first, timeout_s=120)
+        wait_for_new_plots(page, board, first, timeout_s=300)
         page.wait_for_function("(sel) => !document.querySelector(sel + ' button').disabled", arg=board,
-                               timeout=120_000)
+                               timeout=300_000)
         assert "Could not serve" not in page.locator(board).inner_text()
         assert_every_plot_drawn(page)
+        show_cell(page, "serving_dashboard(")
+        chart = page.evaluate("""(sel) => { const gd = document.querySelector(sel + ' .js-plotly-plot');
+            const box = e => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+            return {height: gd._fullLayout.height, rows: gd.data.map(t => t.y.length),
+                    yticks: gd.querySelectorAll('.ytick text').length,
+                    title: box(gd.querySelector('.gtitle')), legend: box(gd.querySelector('.legend'))}; }""", board)
+        # 128 rows once made a chart 1,912 px tall with no y labels and its title on its legend.
+        assert chart["height"] <= 700 and chart["yticks"] >= 3, chart
+        t, g = chart["title"], chart["legend"]
+        assert t[2] <= g[0] or g[2] <= t[0] or t[3] <= g[1] or g[3] <= t[1], f"the title overlaps the legend: {chart}"
         save_shot(page, board, "serving_dashboard.png")
+        # A moved control dims the results it no longer describes, and the status line says so.
+        type_into_readout(page, board, "batch slots", 4)
+        page.wait_for_function("(sel) => { const e = document.querySelector(sel + ' .pdl-stale');"
+                               " return e !== null && getComputedStyle(e).opacity < 0.5; }", arg=board, timeout=30_000)
+        assert "settings changed" in page.locator(board).inner_text()
+
+
+def test_lesson11_plots_fit_and_label_each_runs_arrival(lab):
+    pick = lambda cells: code_cells(cells, "model = GPT(cfg)", "itl_figure(runs", "budget_figure(points)")  # noqa
+    with lesson_page(lab, "11_two_phases.ipynb", pick, timeout_s=600) as page:
+        assert_every_plot_drawn(page)
+        # Printed lines wrap at spaces on this page (labutils.PAGE_STYLE), not mid-word as JupyterLab's default.
+        assert page.evaluate("() => getComputedStyle(document.querySelector('.jp-OutputArea-output pre'))"
+                             ".wordBreak") == "normal"
+        for marker, name in (("itl_figure(runs", "itl.png"), ("budget_figure(points)", "budgets.png")):
+            show_cell(page, marker)
+            cell = ".jp-Cell.jp-mod-active .js-plotly-plot"
+            if name == "itl.png":
+                page.wait_for_selector(f"{cell} .legendtext", state="attached", timeout=30_000)
+                legend = page.locator(f"{cell} .legendtext").all_text_contents()
+                assert sum("the long prompt arrives" in t for t in legend) == 2, legend
+            save_shot(page, cell, name)
 
 
 def test_lesson10_every_figure_draws_and_stars_match_their_lines(lab):

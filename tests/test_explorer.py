@@ -1,4 +1,5 @@
 """The request measurement, its figure data, and the explorer widget driven headlessly (tiny preset)."""
+import html
 import importlib
 import math
 
@@ -237,6 +238,11 @@ def test_a_measurement_on_a_busy_machine_says_so_in_the_status(monkeypatch):
     fake_counters(monkeypatch, others_per_reading=150)          # others hold 1.5 of 2 cores from now on
     ex.new_tokens.value = 12
     assert "busy machine" in ex.status.value and "close other notebooks" in ex.status.value
+    # The busy reading is dimmed and offers the way to a clean one; measuring again on a quiet machine clears both.
+    assert "opacity:0.5" in ex.status.value and "with the 'measure again' button" in html.unescape(ex.status.value)
+    fake_counters(monkeypatch, others_per_reading=0)
+    ex.again.click()
+    assert "opacity" not in ex.status.value and "busy machine" not in ex.status.value
 
 
 def test_a_share_above_the_peak_is_never_drawn_above_100_percent(monkeypatch):

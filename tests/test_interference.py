@@ -23,7 +23,12 @@ def test_whole_and_chunked_runs_give_the_streams_the_same_tokens():
     t, gaps = chunked.gaps()
     assert len(t) == len(gaps) == 3 * 11 and t == sorted(t)
     fig = itl_figure({"whole": whole, "chunked": chunked})
-    assert [tr.name for tr in fig.data] == ["whole", "chunked"] and len(fig.data[0].x) == 33
+    assert [tr.name for tr in fig.data] == ["whole", "whole: the long prompt arrives", "chunked",
+                                            "chunked: the long prompt arrives"] and len(fig.data[0].x) == 33
+    # Each run's arrival line is labelled and drawn in its run's colour (two unlabelled grey lines were not).
+    assert fig.data[1].line.color == fig.data[0].marker.color != fig.data[3].line.color == fig.data[2].marker.color
+    assert list(fig.data[1].x) == [whole.arrival_s] * 2 and max(fig.data[1].y) == max(max(fig.data[0].y),
+                                                                                       max(fig.data[2].y))
 
 
 def test_the_sweep_serves_every_budget_and_whole_prompts():

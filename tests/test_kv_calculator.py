@@ -79,8 +79,8 @@ def test_every_trace_in_the_legend_has_a_name(preset, context, batch):
     assert legend_problems(k.fig.figure) == []
     for t in k.fig.figure.data:          # an empty trace is hidden from the legend, a drawn one is shown
         assert (t.showlegend is not False) == (len(t.x or ()) > 0), t.name
-    k.preset.value = "gpt2-small"                     # context 8,192 or 4,096 > 1,024: the marker goes
-    assert legend_problems(k.fig.figure) == [] and k.fig.figure.data[3].showlegend is False
+    k.preset.value = "gpt2-small"                     # the context slider moves to gpt2's 1,024, and its marker
+    assert legend_problems(k.fig.figure) == [] and list(k.fig.figure.data[3].x) == [1024]
 
 
 def test_legend_check_catches_an_unnamed_trace():
@@ -123,12 +123,17 @@ def test_widget_follows_its_controls():
     assert "131,072 bytes" in k.summary.value
 
 
-def test_impossible_widget_setting_shows_a_message_not_an_exception():
+def test_the_context_slider_ends_at_the_models_own_context():
+    # It once went on to 131,072 tokens for every model and answered "Not possible" past the model's context.
     k = kv_calculator("llama-3-8b", context=8192)
-    k.preset.value = "gpt2-small"                            # context 8,192 > gpt2's 1,024
-    assert "Not possible" in k.summary.value and "1,024" in k.summary.value
-    assert list(k.fig.figure.data[3].x) == []                      # no chosen-context marker
-    assert k.fig.figure.data[0].x[-1] == 1024                      # the curves still show gpt2-small
-    k.context.value = 1000
+    assert k.context.max == 8192
+    k.preset.value = "gpt2-small"                            # 8,192 > gpt2's 1,024: the slider moves to 1,024
+    assert (k.context.max, k.context.value) == (1024, 1024)
     assert "Not possible" not in k.summary.value and "gpt2-small" in k.summary.value
-    assert list(k.fig.figure.data[3].x) == [1000]
+    assert list(k.fig.figure.data[3].x) == [1024] and k.fig.figure.data[0].x[-1] == 1024
+    k.preset.value = "mistral-7b"                            # a longer context: the slider reaches it again
+    assert k.context.max == 32768 and k.context.value == 1024
+    with pytest.raises(ValueError, match="context"):
+        k.context.value = 40000
+    with pytest.raises(ValueError, match="context"):
+        kv_calculator("gpt2-small", context=2048)

@@ -81,3 +81,6 @@ def test_cache_vs_context_each_model_to_its_own_context():
     assert fig.data[1].y[-1] == pytest.approx(kv_cache_bytes("mistral-7b", 4096) / 1e9)   # flat past the window
     assert fig.data[2].y[0] == pytest.approx(weight_bytes("llama-2-7b") / 1e9)           # weights, in data units
     assert fig.layout.yaxis.type == "log" and fig.layout.yaxis.tickvals                  # log, major ticks only
+    # Two weight lines close together on the log axis: one label above its line, one below, never on each other.
+    close = cache_vs_context_figure([get_shape("llama-3-8b"), get_shape("llama-2-7b")])
+    assert [t.textposition for t in close.data[2:]] == ["top left", "bottom left"]

@@ -90,6 +90,7 @@ def test_roofline_figure_traces_and_points():
     # On a log axis plotly places an annotation at log10 units: the ridge label must sit at log10(ridge).
     (label,) = [a for a in fig.layout.annotations if a.text.startswith("ridge")]
     assert label.x == pytest.approx(math.log10(PEAKS.ridge))
+    assert label.text == f"ridge {PEAKS.ridge:.1f} FLOP/byte"         # as lesson 07 prints it, not rounded to 13
 
 
 def test_batch_figure_knee_label_sits_at_the_knee_on_the_log_axis():
@@ -99,9 +100,15 @@ def test_batch_figure_knee_label_sits_at_the_knee_on_the_log_axis():
     (label,) = [a for a in fig.layout.annotations if a.text.startswith("predicted knee")]
     assert label.x == pytest.approx(math.log10(knee))
     assert list(fig.layout.xaxis.tickvals) == [1, 2, 4, 8]                     # powers of two for a batch
-    figs.update_batch(fig, [dict(phase="decode", n=b, tokens_per_s=100.0 * b) for b in (1, 2, 4)],
+    # Steps of 10 ms at batch 1 and 2, 20 ms at batch 4: the knee, batch-1 time x batch 4's rate, sits at 2.
+    steps = {1: 0.01, 2: 0.01, 4: 0.02}
+    figs.update_batch(fig, [dict(phase="decode", n=b, tokens_per_s=b / s, seconds=s) for b, s in steps.items()],
                       selected=dict(n=2, tokens_per_s=200.0))
     assert list(fig.data[2].x) == [2] and fig.data[2].marker.symbol == "star"   # the selected batch is marked
+    assert fig.data[3].name == "measured knee" and list(fig.data[3].x) == [2.0, 2.0]
+    # Hover text names both axes with their units, not plotly's bare "(2, 200)".
+    assert "batch (sequences decoded together): %{x" in fig.data[1].hovertemplate
+    assert "output tokens/s: %{y" in fig.data[1].hovertemplate
 
 
 def fake_point(preset, phase, n, dtype, device, pos=128):

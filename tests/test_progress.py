@@ -15,7 +15,7 @@ def test_outside_a_notebook_nothing_is_shown_and_items_pass_through():
 @pytest.fixture
 def notebook(monkeypatch):
     shown = []
-    monkeypatch.setattr(pm, "_in_notebook", lambda: True)
+    monkeypatch.setattr(pm, "in_notebook", lambda: True)
     import IPython.display
     monkeypatch.setattr(IPython.display, "display", lambda w: shown.append(w))
     return shown

@@ -49,6 +49,24 @@ def test_nested_watches_report_once(monkeypatch, capsys):
     assert capsys.readouterr().out.count(quiet.MARKER) == 1
 
 
+def test_a_notebook_cell_of_many_measurements_says_it_once(monkeypatch, capsys):
+    # Lesson 07's GEMV cell printed seven busy lines in a row; a cell now prints one, and the next cell its own.
+    fake_counters(monkeypatch, others_per_reading=150)
+    cell = {"n": 5}
+    monkeypatch.setattr(quiet, "_cell", lambda: cell["n"])
+    for _ in range(7):
+        timing.time_fn(lambda: None, warmup=0, repeats=1)
+    out = capsys.readouterr().out
+    assert out.count(quiet.MARKER) == 1 and "once per cell" in out
+    cell["n"] = 6
+    timing.time_fn(lambda: None, warmup=0, repeats=1)
+    assert capsys.readouterr().out.count(quiet.MARKER) == 1
+    monkeypatch.setattr(quiet, "_cell", lambda: None)          # a script: every measurement says it
+    for _ in range(2):
+        timing.time_fn(lambda: None, warmup=0, repeats=1)
+    assert capsys.readouterr().out.count(quiet.MARKER) == 2
+
+
 def test_time_fn_warns_on_a_busy_machine(monkeypatch, capsys):
     fake_counters(monkeypatch, others_per_reading=150)
     timing.time_fn(lambda: None, warmup=0, repeats=1)

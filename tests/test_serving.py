@@ -466,7 +466,11 @@ def test_gantt_bars_split_each_stay_into_prefill_and_decode():
     assert gantt_bars(r2) == [("prefill", 0.0, 0.4)]
     fig = gantt_figure([r, r2])
     assert [t.name for t in fig.data] == ["queued", "prefill", "decode"]
-    assert list(fig.data[1].base) == [0.3, 1.2, 0.0] and list(fig.data[1].y) == ["#7", "#7", "#8"]
+    assert list(fig.data[1].base) == [0.3, 1.2, 0.0] and list(fig.data[1].y) == [7, 7, 8]
+    # 128 requests (the dashboard's most) once drew a chart 1,912 px tall; it stops growing at 40 rows' height.
+    many = [RequestResult(id=i, arrival_s=0.0, tokens=[1], timestamps=[0.1], finish_reason="length",
+                          spans=[(0.0, 0.1)]) for i in range(128)]
+    assert gantt_figure(many).layout.height == gantt_figure(many[:40]).layout.height < 700
 
 
 def test_sequences_compare_by_identity_and_keep_their_tokens_whole():

@@ -18,9 +18,9 @@ def model():
 def test_a_run_serves_the_controls_workload_and_shows_the_meters(model):
     calls = []
 
-    def spy(m, wl, slots, **kw):
+    def spy(m, wl, slots, on_finished, **kw):
         calls.append((wl, slots, kw))
-        return serve(m, wl, slots, **kw)
+        return serve(m, wl, slots, on_finished=on_finished, **kw)
 
     dash = ServingDashboard(model, n_requests=6, serve_fn=spy)
     dash.slots.value, dash.at_once.value = 3, True
@@ -39,6 +39,20 @@ def test_a_run_serves_the_controls_workload_and_shows_the_meters(model):
     dash.caching.value = False
     off = dash.run()
     assert off.stats["hit_rate"] == 0 and calls[-1][2] == {"prefix_caching": False, "max_num_batched_tokens": 2048}
+
+
+def test_a_moved_control_marks_the_last_results_stale_until_the_next_run(model):
+    dash = ServingDashboard(model, n_requests=5)
+    dash.at_once.value = True                        # before any run: nothing to mark
+    assert "pdl-stale" not in dash.meters._dom_classes and "settings changed" not in dash.status.value
+    dash.run()
+    assert (dash.progress.value, dash.progress.max, dash.progress.bar_style) == (5, 5, "success")
+    dash.slots.value = 2                             # the chart still shows the run with 8 slots
+    assert "pdl-stale" in dash.meters._dom_classes and "pdl-stale" in dash.fig._dom_classes
+    assert "settings changed" in dash.status.value
+    dash.run()
+    assert "pdl-stale" not in dash.meters._dom_classes + dash.fig._dom_classes
+    assert "2 batch slots" in dash.fig.figure.layout.title.text and "settings changed" not in dash.status.value
 
 
 def test_an_impossible_setting_is_explained_in_the_widget_and_the_last_results_stay(model):
@@ -94,9 +108,9 @@ def test_the_chunked_switch_and_the_token_budget_reach_the_engine():
     m = make_model()
     calls = []
 
-    def spy(model, wl, slots, **kw):
+    def spy(model, wl, slots, on_finished, **kw):
         calls.append(kw)
-        return serve(model, wl, slots, **kw)
+        return serve(model, wl, slots, on_finished=on_finished, **kw)
 
     dash = ServingDashboard(m, n_requests=4, serve_fn=spy)
     dash.at_once.value = True

@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     busy = [r.name for r in results if r.machine == "busy"]
     if busy:
         print(f"\n{quiet.MARKER} {len(busy)} of {len(results)} rows ran while other processes held the CPU "
-              f"({', '.join(busy)}); {quiet.ADVICE}, then run the bench again")
+              f"({', '.join(busy)}); timings are unreliable: close other programs and run the bench again")
     if args.json:
         print(f"\nwrote {args.json}")
     return 1 if any(r.status == "ERROR" for r in results) else 0

@@ -15,7 +15,7 @@ T = TypeVar("T")
 MIN_GAP_S = 0.2
 
 
-def _in_notebook() -> bool:
+def in_notebook() -> bool:
     try:
         from IPython import get_ipython
     except ImportError:
@@ -35,7 +35,7 @@ class Steps:
         self._every = max(1, self.total // 100)     # at most ~100 updates: each one is a message to the page
         self._shown_at = 0.0                         # and at most a few a second, so a bar inside a timed
         #                                              loop (a request's tokens) costs it almost nothing
-        if not (_in_notebook() and self.total > 0):
+        if not (in_notebook() and self.total > 0):
             return
         import ipywidgets as w
         from IPython.display import display

@@ -12,6 +12,7 @@ from labutils.perf.datasheets import SPECS, DeviceSpec
 from labutils.figures.log_axes import log_axis
 from labutils.figures.request import MEASURED_COLOR     # the course's one colour for "measured on this machine"
 from labutils.core.validate import check_positive
+from labutils.figures.hover import with_units
 
 NO_FIGURE_TEXT = "no FLOP/s figure in the cited source"
 # Why bars are missing: SPECS keeps None where the cited source gives no figure, and invents none.
@@ -56,7 +57,7 @@ def bandwidth_figure(sizes, bandwidths_Bps, cache_bytes: int | None = None,
     fig.update_layout(title=title, yaxis_title="GB/s (read + write)", margin=dict(t=90),
                       xaxis=log_axis(ends, "pow2", title="buffer size (MiB)",
                                      range=[math.log10(min(ends)) - pad, math.log10(max(ends)) + pad]))
-    return fig
+    return with_units(fig)
 
 
 def _has_flops(spec: DeviceSpec) -> bool:
@@ -99,7 +100,7 @@ def datasheet_figure(bandwidth_Bps: float, flops: float, dtype: str = "float32",
     fig.update_layout(title=dict(text="This machine against the datasheets (log scale)",
                                  subtitle=dict(text=NOTE, font=dict(size=11))),
                       barmode="group", height=520, margin=dict(t=110))
-    return fig
+    return with_units(fig)
 
 
 def rooflines_figure(roofs, marks=(), intensities=None) -> go.Figure:
@@ -118,7 +119,7 @@ def rooflines_figure(roofs, marks=(), intensities=None) -> go.Figure:
     fig.update_layout(title="Rooflines: attainable TFLOP/s vs arithmetic intensity", margin=dict(t=90),
                       xaxis=log_axis(intensities, title="arithmetic intensity (FLOP/byte)"),
                       yaxis=log_axis(tflops, title="TFLOP/s"))
-    return fig
+    return with_units(fig)
 
 
 def legend_names(fig: go.Figure) -> list[str]:

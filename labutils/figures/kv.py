@@ -9,6 +9,7 @@ from labutils.core.validate import check_count, describe
 from labutils.figures.log_axes import tidy_log_axes
 from labutils.model.presets import ModelShape, get_shape
 from labutils.perf.roofline import kv_cache_bytes, sliding_window, weight_bytes
+from labutils.figures.hover import with_units
 
 EMPTY, PROMPT, DECODED = 0, 1, 2          # what a slot holds, as the heatmap colours it
 GB = 1e9                                  # decimal gigabytes, as GPU memory and the essay's "14 GB" are quoted
@@ -81,14 +82,17 @@ def cache_vs_context_figure(shapes, points: int = 65, weights_of: int = 2) -> go
         ctx, gb = cache_curve(m, 1, "fp16", points)
         longest = max(longest, ctx[-1])
         fig.add_scatter(x=ctx, y=gb, mode="lines", name=m.name)
+    # The heaviest weights' label sits above its line and the others' below theirs: llama-3-8b's 16 GB and
+    # llama-2-7b's 13.5 GB are close on a log axis, and two labels above their lines printed over each other.
+    heaviest = max((weight_bytes(m) for m in list(shapes)[:weights_of]), default=0)
     for m in list(shapes)[:weights_of]:
         w = weight_bytes(m) / GB
         fig.add_scatter(x=[0, longest], y=[w, w], mode="lines+text", line=dict(dash="dot", color="gray"),
-                        text=["", f"{m.name} weights (fp16)"], textposition="top left", name=f"{m.name} weights",
-                        showlegend=False)
+                        text=["", f"{m.name} weights (fp16)"], name=f"{m.name} weights", showlegend=False,
+                        textposition="top left" if weight_bytes(m) == heaviest else "bottom left")
     fig.update_layout(title="KV cache of one sequence (fp16) against context, each model to its own context",
                       xaxis_title="tokens", yaxis=dict(title="GB (log scale)", type="log"), height=420)
-    return tidy_log_axes(fig)
+    return with_units(tidy_log_axes(fig))
 
 
 def cache_curve(preset, batch: int = 1, dtype: str = "fp16", points: int = 129) -> tuple[list[int], list[float]]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from labutils.figures.hover import with_units
+
 # The illustrative request of seed 001 ("Two Phases, Two Personalities"): 1,000 prompt tokens in one
 # 400 ms prefill pass, then 200 output tokens taking 6,000 ms. Quoted from the text, not measured here.
 SEED_PROMPT_TOKENS, SEED_OUTPUT_TOKENS = 1000, 200
@@ -82,7 +84,7 @@ def sweep_figure(rows: list[dict] | None = None, like: dict | None = None) -> go
     fig.update_layout(height=300, showlegend=False, margin=dict(l=10, r=10, t=60, b=40))
     if rows and like:
         update_sweep(fig, rows, like)
-    return fig
+    return with_units(fig)
 
 
 def update_sweep(fig: go.Figure, rows: list[dict], like: dict) -> None:
@@ -126,7 +128,7 @@ def utilization_figure(row: dict | None = None) -> go.Figure:
     fig.update_yaxes(rangemode="tozero")
     if row is not None:
         update_utilization(fig, row)
-    return fig
+    return with_units(fig)
 
 
 def update_utilization(fig: go.Figure, row: dict) -> None:

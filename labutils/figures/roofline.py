@@ -7,6 +7,7 @@ from labutils.perf import roofline
 from labutils.figures.hardware import add_log_vline
 from labutils.figures.log_axes import log_axis
 from labutils.figures.request import DECODE_COLOR, MEASURED_COLOR, PREFILL_COLOR
+from labutils.figures.hover import with_units
 
 INTENSITIES = [2 ** (k / 4) for k in range(-12, 57)]      # 1/8 ... 16,384 FLOP/byte, for drawing the roofs
 
@@ -29,12 +30,12 @@ def roofline_figure(peaks, points=(), specs=()) -> go.Figure:
                                 ("decode (batch)", DECODE_COLOR, "diamond"), ("selected", "black", "star")]:
         fig.add_scatter(x=[], y=[], text=[], mode="markers+text", textposition="top center", name=name,
                         marker=dict(color=color, symbol=symbol, size=14 if name == "selected" else 10))
-    add_log_vline(fig, peaks.ridge, f"ridge {peaks.ridge:.0f} FLOP/byte")
+    add_log_vline(fig, peaks.ridge, f"ridge {peaks.ridge:.1f} FLOP/byte")      # as the lessons print it
     fig.update_layout(title="Roofline: measured passes under this machine's measured ceilings", height=440,
                       xaxis=log_axis(INTENSITIES, title="arithmetic intensity (FLOP/byte)"),
                       margin=dict(l=10, r=10, t=50, b=40))
     update_points(fig, points)
-    return fig
+    return with_units(fig)
 
 
 def update_points(fig, points, selected=None) -> None:
@@ -63,7 +64,8 @@ def predicted_decode(cfg, batches, pos: int, dtype, peaks) -> list[float]:
 
 
 def batch_figure(cfg, batches, pos: int, dtype, peaks, points=()) -> go.Figure:
-    """Decode tokens/s against batch: the roofline's prediction (trace 0) and the measured steps (trace 1)."""
+    """Decode tokens/s against batch: the roofline's prediction (trace 0), the measured steps (trace 1), the
+    selected batch (trace 2) and the measured knee (trace 3), beside the predicted knee's line."""
     fig = go.Figure([
         go.Scatter(x=list(batches), y=predicted_decode(cfg, batches, pos, dtype, peaks), mode="lines",
                    name="predicted: batch / max(bytes / bandwidth, FLOPs / peak)", line=dict(color="gray", dash="dash")),
@@ -75,18 +77,24 @@ def batch_figure(cfg, batches, pos: int, dtype, peaks, points=()) -> go.Figure:
                       xaxis=log_axis(batches, "pow2", title="batch (sequences decoded together)"))
     fig.add_scatter(x=[], y=[], mode="markers", name="selected batch",
                     marker=dict(symbol="star", size=16, color="black"))
+    fig.add_scatter(x=[], y=[], mode="lines", name="measured knee", line=dict(dash="dot", color=DECODE_COLOR))
     update_batch(fig, points)
-    return fig
+    return with_units(fig)
 
 
 def update_batch(fig, points, selected=None) -> None:
-    """Refill the measured line (trace 1) and the selected batch's star (trace 2), and re-tick the y axis."""
+    """Refill the measured line (trace 1), the selected batch's star (trace 2) and the measured knee's dotted line
+    (trace 3, measured_knee), and re-tick the y axis."""
     rows = sorted((p for p in points if p["phase"] == "decode"), key=lambda p: p["n"])
     fig.data[1].x = [p["n"] for p in rows]
     fig.data[1].y = [p["tokens_per_s"] for p in rows]
     fig.data[2].x = [] if selected is None else [selected["n"]]
     fig.data[2].y = [] if selected is None else [selected["tokens_per_s"]]
-    fig.update_yaxes(**log_axis([y for t in fig.data[:2] for y in (t.y or [])], title="output tokens/s"))
+    ys = [y for t in fig.data[:2] for y in (t.y or [])]
+    knee = measured_knee(points)
+    fig.data[3].x = [] if knee is None else [knee, knee]
+    fig.data[3].y = [] if knee is None else [min(ys), max(ys)]
+    fig.update_yaxes(**log_axis(ys, title="output tokens/s"))
 
 
 def measured_knee(points) -> float | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from labutils.figures.log_axes import log_axis
+from labutils.figures.hover import with_units
 
 QUEUED, PREFILL, DECODE = "#c7c7c7", "#ff7f0e", "#1f77b4"
 PHASES = (("queued", QUEUED), ("prefill", PREFILL), ("decode", DECODE))
@@ -36,12 +37,15 @@ def gantt_figure(results, title: str = "Requests over time") -> go.Figure:
     bars = [(r.id, *bar) for r in rows for bar in gantt_bars(r)]
     for name, color in PHASES:
         mine = [(i, a, b) for i, phase, a, b in bars if phase == name]
-        fig.add_bar(y=[f"#{i}" for i, _, _ in mine], x=[b - a for _, a, b in mine],
+        fig.add_bar(y=[i for i, _, _ in mine], x=[b - a for _, a, b in mine],
                     base=[a for _, a, _ in mine], orientation="h", marker_color=color, name=name,
-                    hovertemplate="%{y}: %{base:.3f} s + %{x:.3f} s<extra>" + name + "</extra>")
+                    hovertemplate="request %{y}: from %{base:.3f} s for %{x:.3f} s<extra>" + name + "</extra>")
+    # Request ids on a numeric axis, so plotly spaces its own tick labels at any count; rows of 14 px up to 40
+    # requests, then the chart stops growing (128 rows of 14 px were taller than two screens).
     fig.update_layout(barmode="overlay", title=title, xaxis_title="seconds since the workload started",
-                      yaxis=dict(autorange="reversed", title="request", showticklabels=len(rows) <= 40),
-                      height=max(260, 14 * len(rows) + 120), legend=dict(orientation="h", y=1.02, yanchor="bottom"))
+                      yaxis=dict(autorange="reversed", title="request", zeroline=False),
+                      height=min(max(260, 14 * len(rows) + 120), 14 * 40 + 120),
+                      legend=dict(orientation="h", x=1, xanchor="right", y=1.02, yanchor="bottom"))
     return fig
 
 
@@ -63,20 +67,27 @@ def batch_figure(rows, predicted=None, title: str = "Decode throughput against b
     ys = [y for t in fig.data for y in (t.y or [])]
     fig.update_layout(title=title, xaxis=log_axis([r["batch"] for r in rows], "pow2", title="batch size"),
                       yaxis=log_axis(ys, title="tokens/s (log scale)"), height=380)
-    return fig
+    return with_units(fig)
 
 
 def itl_figure(runs: dict, title: str = "Every stream token's gap to the one before") -> go.Figure:
-    """One marker per stream token (x: when it came, y: its ITL in ms) for each labelled Interference run, and a
-    dotted line where the long prompt arrived. The spike of a whole prefill stands out as a column of tall gaps."""
+    """One marker per stream token (x: when it came, y: its ITL in ms) for each labelled Interference run, and for
+    each a dotted line in its colour where its long prompt arrived. The spike of a whole prefill stands out as a
+    column of tall gaps."""
     fig = go.Figure()
-    for label, run in runs.items():
+    colors = list(fig.layout.template.layout.colorway or ("#636efa", "#EF553B"))     # the template's, in order
+    top = max((g for run in runs.values() for g in run.gaps()[1]), default=0.0) * 1e3
+    for (label, run), color in zip(runs.items(), colors * len(runs)):
         t, gap = run.gaps()
-        fig.add_scatter(x=t, y=[g * 1e3 for g in gap], mode="markers", name=label, marker=dict(size=5))
-        fig.add_vline(x=run.arrival_s, line=dict(dash="dot", color="grey"))
+        fig.add_scatter(x=t, y=[g * 1e3 for g in gap], mode="markers", name=label, legendgroup=label,
+                        marker=dict(size=5, color=color), hovertemplate="%{x:.3f} s: a gap of %{y:.2f} ms<extra>"
+                        + label + "</extra>")
+        fig.add_scatter(x=[run.arrival_s] * 2, y=[0, top], mode="lines", line=dict(dash="dot", color=color),
+                        name=f"{label}: the long prompt arrives", legendgroup=label,
+                        hovertemplate="the long prompt arrives at %{x:.3f} s<extra>" + label + "</extra>")
     fig.update_layout(title=title, xaxis_title="seconds since the streams started", yaxis_title="ITL (ms)",
-                      height=360, legend=dict(orientation="h", y=1.02, yanchor="bottom"))
-    return fig
+                      height=380, legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"))
+    return with_units(fig)
 
 
 def budget_figure(points, title: str = "The token budget: p99 ITL against p50 TTFT") -> go.Figure:
@@ -84,9 +95,10 @@ def budget_figure(points, title: str = "The token budget: p99 ITL against p50 TT
     fig = go.Figure()
     fig.add_scatter(x=[p.summary.ttft_s.p50 * 1e3 for p in points], y=[p.summary.itl_s.p99 * 1e3 for p in points],
                     mode="lines+markers+text", text=["whole" if p.budget is None else str(p.budget) for p in points],
-                    textposition="top center", name="budget (tokens per step)")
+                    textposition="top center", name="budget (tokens per step)",
+                    hovertemplate="budget %{text}: TTFT p50 %{x:.1f} ms, ITL p99 %{y:.2f} ms<extra></extra>")
     fig.update_layout(title=title, xaxis_title="TTFT p50 (ms)", yaxis_title="ITL p99 (ms)", height=360)
-    return fig
+    return with_units(fig)
 
 
 __all__ = ["batch_figure", "budget_figure", "gantt_bars", "gantt_figure", "itl_figure"]

@@ -25,7 +25,8 @@ BUSY_CORES = 0.25
 # Counters tick 100 times a second, and the two readings round on their own: allow a couple of ticks of slack.
 SLACK_TICKS = 2
 MARKER = "busy machine:"
-ADVICE = "timings are unreliable; close other notebooks and processes"
+ADVICE = ("timings are unreliable; close other notebooks and programs, let this page finish drawing its plots "
+          "(a browser drawing them is busy too), then measure again")
 
 _local = threading.local()
 _last: "Window | None" = None
@@ -203,7 +204,31 @@ def watch(report: bool = True):
         if depth == 0:
             _last = w
             if report and w.busy:
-                print(w.message)
+                _report(w)
+
+
+_reported_in: object = None      # the notebook cell that printed a busy line already
+
+
+def _cell() -> object:
+    """The running notebook cell's execution count; None outside IPython, where every busy line prints."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    shell = get_ipython()
+    return None if shell is None else shell.execution_count
+
+
+def _report(w: Window) -> None:
+    """Print the busy-machine line once per notebook cell: a cell of many measurements on a busy machine printed
+    one line each, seven in a row, all saying the same thing. A failing claim still cites its own measurement's."""
+    global _reported_in
+    cell = _cell()
+    if cell is not None and cell == _reported_in:
+        return
+    _reported_in = cell
+    print(w.message + ("" if cell is None else " (said once per cell)"))
 
 
 def last_window() -> Window | None:

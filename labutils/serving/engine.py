@@ -325,20 +325,30 @@ class Engine:
                     block_bytes=self.cache.block_bytes, kv_bytes_allocated=self.cache.nbytes)
 
 
-def run_workload(engine: Engine, workload: Workload, progress_desc: str = "") -> tuple[list[RequestResult], float]:
+def run_workload(engine: Engine, workload: Workload, progress_desc: str = "",
+                 on_finished=None) -> tuple[list[RequestResult], float]:
     """Submit every request of `workload`, run them, return (results in workload order, wall seconds).
 
     Each result's id is its request's id, or its index in the workload, as a server client numbers them. With a
-    `progress_desc`, a bar in the notebook counts the finished requests.
+    `progress_desc`, a bar in the notebook counts the finished requests; `on_finished(finished, total)` is called
+    after each step that finished some (a widget's own progress bar).
     """
     if not isinstance(workload, Workload):
         raise TypeError(f"workload must be a serving.workload.Workload, got {type(workload).__name__}")
     if engine.busy:
         raise RuntimeError("the engine is still serving an earlier workload; call run() first")
     ids = [engine.submit(r.prompt_ids, r.max_new_tokens, r.arrival_s, r.eos_id, **r.sampling) for r in workload]
-    bar = Steps(len(ids) if progress_desc else 0, progress_desc)
+    bar, finished = Steps(len(ids) if progress_desc else 0, progress_desc), []
+
+    def step(done):
+        for _ in done:
+            bar.step("requests finished")
+        finished.extend(done)
+        if done and on_finished is not None:
+            on_finished(len(finished), len(ids))
+
     with quiet.watch():                         # one line if other processes were busy meanwhile
-        by_id = {r.id: r for r in engine.run(on_step=lambda done: [bar.step("requests finished") for _ in done])}
+        by_id = {r.id: r for r in engine.run(on_step=step)}
     bar.done()
     results = [by_id[i] for i in ids]
     for index, (r, req) in enumerate(zip(results, workload)):
@@ -357,12 +367,12 @@ class Served:
     timeline: list[dict]
 
 
-def serve(model, workload: Workload, max_batch_size: int, *, slo=None, progress_desc: str = "",
+def serve(model, workload: Workload, max_batch_size: int, *, slo=None, progress_desc: str = "", on_finished=None,
           **engine_options) -> Served:
     """Serve `workload` on a new Engine(model, max_batch_size, **engine_options): the lessons' and the dashboard's
-    one call. `progress_desc` shows a bar of finished requests in a notebook."""
+    one call. `progress_desc` shows a bar of finished requests in a notebook; `on_finished` see run_workload."""
     engine = Engine(model, max_batch_size, **engine_options)
-    results, wall_s = run_workload(engine, workload, progress_desc)
+    results, wall_s = run_workload(engine, workload, progress_desc, on_finished)
     return Served(results, wall_s, summarize(results, wall_s, slo), engine.stats, engine.timeline)
 
 

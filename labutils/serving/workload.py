@@ -110,7 +110,7 @@ def make_workload(n_requests: int, *, vocab_size: int, prompt_len=(16, 64), outp
     arrivals = np.concatenate([[0.0], np.cumsum(gaps[:-1])])
     requests = tuple(Request(tuple(system + rng.integers(0, vocab_size, p).tolist()), int(o), float(a), eos_id=eos_id)
                      for p, o, a in zip(p_lens, o_lens, arrivals))
-    when = f"Poisson arrivals at {rate:g}/s" if poisson else "all at t=0"
+    when = f"Poisson arrivals at {rate:.3g}/s" if poisson else "all at t=0"        # a log slider gives 50.1187
     shared = f", a shared {system_prompt_len}-token system prompt" if system_prompt_len else ""
     return Workload(requests, f"{n_requests} requests, prompts {p_lo}-{p_hi} tokens{shared}, outputs "
                               f"{o_lo}-{o_hi} tokens (uniform), {when}, seed {seed}")

@@ -41,8 +41,6 @@ class BatchRoofline(w.VBox):
         self.fig_roof = Plot(figs.roofline_figure(self.peaks, list(self.points.values())))
         self.fig_batch = Plot(figs.batch_figure(self.cfg, BATCHES, pos, self.dtype, self.peaks,
                                                 list(self.points.values())))
-        for plot in (self.fig_roof, self.fig_batch):
-            plot.figure.layout.width = 880
         self.slider.observe(lambda change: self.show(change["new"]), names="value")
         super().__init__([self.slider, self.status, self.fig_roof, self.fig_batch])
         self.show(self.slider.value)

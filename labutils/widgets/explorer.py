@@ -78,10 +78,6 @@ class Explorer(w.VBox):
         self.fig_timeline = Plot(rf.timeline_figure())
         self.fig_sweep = Plot(rf.sweep_figure())
         self.fig_util = Plot(rf.utilization_figure())
-        # Fixed widths keep the two lower plots side by side in a JupyterLab notebook column.
-        self.fig_timeline.figure.layout.width = 880
-        for plot in (self.fig_sweep, self.fig_util):
-            plot.figure.layout.width = 440
         self._latest = Latest(self.refresh)
         context = GPTConfig.preset(preset).context_length
         if self.prompt_len.value + self.new_tokens.value > context:     # _clamp would move new_tokens quietly
@@ -95,7 +91,9 @@ class Explorer(w.VBox):
             w.HBox([w.VBox([self.preset, self.prompt_len, self.new_tokens]),
                     w.VBox([self.batch, self.dtype, self.device])]),
             w.HBox([self.again, self.progress, self.status]), self.notes,
-            self.fig_timeline, w.HBox([self.fig_sweep, self.fig_util]),
+            # Stacked, each as wide as the output column: side by side they need about 880 px, and JupyterLab's
+            # default window with its file browser open gives a notebook about 845.
+            self.fig_timeline, self.fig_sweep, self.fig_util,
         ])
         self.refresh()
 
@@ -214,11 +212,15 @@ class Explorer(w.VBox):
         if above:
             warn.append(f"above 100% of the measured {', '.join(above)} even after measuring the peaks again: the "
                         "peak looks wrong for this request, so its bar stops at 100%")
-        self.status.value = (f"TTFT <b>{row['ttft_s'] * 1e3:.1f} ms</b> &middot; TPOT <b>{row['tpot_s'] * 1e3:.2f} "
-                             f"ms</b> ({row['decode_tok_s']:.1f} tokens/s, {row['achieved_Bps'] / 1e9:.2f} GB/s) "
-                             f"&middot; decode {100 * min(row['mbu'], 1):.0f}% of measured copy bandwidth &middot; "
-                             f"prefill {100 * min(row['mfu_prefill'], 1):.0f}% of the measured matmul peak"
-                             + "".join(f"<br><span style='color:#b00020'>&#9888; {html.escape(x)}</span>" for x in warn))
+        reading = (f"TTFT <b>{row['ttft_s'] * 1e3:.1f} ms</b> &middot; TPOT <b>{row['tpot_s'] * 1e3:.2f} "
+                   f"ms</b> ({row['decode_tok_s']:.1f} tokens/s, {row['achieved_Bps'] / 1e9:.2f} GB/s) "
+                   f"&middot; decode {100 * min(row['mbu'], 1):.0f}% of measured copy bandwidth &middot; "
+                   f"prefill {100 * min(row['mfu_prefill'], 1):.0f}% of the measured matmul peak")
+        if busy:       # a reading taken beside other work: dimmed, with the way to a clean one
+            reading = f"<span style='opacity:0.5'>{reading}</span>"
+            warn[0] += " with the 'measure again' button"
+        self.status.value = reading + "".join(f"<br><span style='color:#b00020'>&#9888; {html.escape(x)}</span>"
+                                              for x in warn)
 
 
 def _notes_html(device: str, notes: list[str]) -> str:

@@ -80,11 +80,12 @@ class KVCalculator(w.VBox):
     """
 
     def __init__(self, preset: str = "llama-2-7b", context: int = 4096, batch: int = 1, dtype: str = "fp16"):
-        get_shape(preset)      # an unknown name fails here, loudly, before any widget exists
+        shape = get_shape(preset)      # an unknown name fails here, loudly, before any widget exists
         style, wide = {"description_width": "90px"}, w.Layout(width="420px")
         self.preset = w.Dropdown(options=list(PRESETS), value=preset, description="model", style=style, layout=wide)
-        self.context = IntSlider(name="context", value=check_count("context", context), min=1, max=MAX_CONTEXT,
-                                 step=1, description="context", continuous_update=False, style=style, layout=wide)
+        # The slider ends at the model's own context: past it, every setting only said "not possible".
+        self.context = IntSlider(name="context", value=check_count("context", context), min=1,
+                                 max=shape.context_length, step=1, description="context", continuous_update=False, style=style, layout=wide)
         self.batch = IntSlider(name="batch", value=check_count("batch", batch), min=1, max=256, description="batch",
                                continuous_update=False, style=style, layout=wide)
         self.dtype = w.ToggleButtons(options=list(CACHE_DTYPES), value=check_choice("dtype", dtype, CACHE_DTYPES),
@@ -92,11 +93,17 @@ class KVCalculator(w.VBox):
                                      style={"description_width": "90px", "button_width": "60px"})
         self.summary = w.HTML()
         self.fig = Plot(_empty_figure())
+        # First, so a shorter model's context has moved the slider before the redraw reads it.
+        self.preset.observe(self._fit_context, names="value")
         for control in (self.preset, self.context, self.batch, self.dtype):
             control.observe(lambda change: self.refresh(), names="value")
         super().__init__([w.HBox([w.VBox([self.preset, self.context, self.batch]), self.dtype]),
                           self.summary, self.fig])
         self.refresh()
+
+    def _fit_context(self, change) -> None:
+        if change["new"] in PRESETS:          # a Dropdown may also hold None (no choice); refresh says so
+            self.context.max = get_shape(change["new"]).context_length
 
     def refresh(self) -> dict | None:
         """Redraw for the current controls; an impossible setting becomes a message, never an exception.

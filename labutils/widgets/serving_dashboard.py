@@ -15,6 +15,9 @@ from labutils.widgets.controls import IntSlider
 from labutils.widgets.plot import Plot
 
 
+STALE = "pdl-stale"          # the CSS class that dims results the controls no longer describe
+
+
 def dashboard_workload(context_length: int, vocab_size: int, *, n_requests: int, rate: float | None, prompt_len,
                        output_len, system_prompt_len: int = 0, seed: int = 0) -> Workload:
     """The dashboard's workload; refuses settings where not even the shortest request fits the context."""
@@ -82,15 +85,29 @@ class ServingDashboard(w.VBox):
         self.chunked.observe(lambda change: setattr(self.budget, "disabled", not change["new"]), names="value")
         self.requests = IntSlider(name="n_requests", value=check_count("n_requests", n_requests), min=1, max=128,
                                   description="requests", style=style, layout=wide)
-        self.button = w.Button(description="Run workload", button_style="primary", icon="play")
+        self.button = w.Button(description="Run workload", button_style="primary", icon="play",
+                               layout=w.Layout(width="auto", flex="0 0 auto"))      # a fixed width cut the caption
+        self.progress = w.IntProgress(value=0, min=0, max=1, layout=w.Layout(width="160px"))
         self.status, self.meters = w.HTML(), w.HTML()
         self.fig = Plot(gantt_figure([]))
-        self.fig.figure.layout.width = 880
         self.served: Served | None = None
         self.button.on_click(lambda _: self.run())
         controls = w.HBox([w.VBox([self.rate, self.slots, self.requests, self.budget, self.caching]),
                            w.VBox([self.prompt, self.output, self.prefix, self.at_once, self.chunked])])
-        super().__init__([controls, w.HBox([self.button, self.status]), self.meters, self.fig])
+        for control in (self.rate, self.at_once, self.slots, self.prompt, self.output, self.prefix, self.caching,
+                        self.chunked, self.budget, self.requests):
+            control.observe(lambda _: self._stale(), names="value")
+        super().__init__([w.HTML(f"<style>.{STALE} {{opacity: 0.4}}</style>"), controls,
+                          w.HBox([self.button, self.progress, self.status]), self.meters, self.fig])
+
+    def _stale(self) -> None:
+        """A control moved: the shown results no longer match the controls, so dim them and say so."""
+        if self.served is None or self.button.disabled:
+            return
+        for view in (self.meters, self.fig):
+            view.add_class(STALE)
+        self.status.value = ("settings changed: the meters and the chart below are from the last run; "
+                             "press <b>Run workload</b> for these settings")
 
     def workload(self) -> Workload:
         cfg = self.model.config
@@ -119,17 +136,23 @@ class ServingDashboard(w.VBox):
         finally:
             self.button.disabled = False
 
+    def _finished(self, done: int, total: int) -> None:
+        self.progress.max, self.progress.value = total, done
+
     def _run(self) -> Served | None:
         try:
             self.status.value = "&#9203; serving ..."
             wl = self.workload()
+            self.progress.max, self.progress.value, self.progress.bar_style = len(wl), 0, "info"
             with quiet.watch(report=False) as window:
-                served = self._serve(self.model, wl, self.slots.value, **self.engine_options())
+                served = self._serve(self.model, wl, self.slots.value, on_finished=self._finished,
+                                     **self.engine_options())
             self.served = served
             self.meters.value = meters_html(served)
-            new = gantt_figure(served.results, f"{len(wl)} requests, {self.slots.value} batch slots")
-            new.layout.width = 880
-            self.fig.replace(new)
+            self.fig.replace(gantt_figure(served.results, f"{len(wl)} requests, {self.slots.value} batch slots"))
+            for view in (self.meters, self.fig):
+                view.remove_class(STALE)
+            self.progress.bar_style = "success"
         except Exception as err:               # the view must survive anything a setting can cause
             self.status.value = (f"<span style='color:#b00020'><b>Could not serve this workload:</b> "
                                  f"{html.escape(str(err))}</span> <i>(the results below are from the last good run)</i>")
