@@ -310,3 +310,18 @@ def test_several_settings_are_measured_in_turn_and_give_measure_requests_rows(mo
     assert set(one) == set(rows[1]) and len(rows[1]["timestamps"]) == 3
     with pytest.raises(ValueError, match=r"\(prompt_len, new_tokens\) pairs"):
         measure.measure_requests("tiny", [(16,)])
+
+
+def test_the_progress_bar_fills_while_the_request_decodes():
+    # A 15 s request once left the bar at stage 2 of 4 until it ended: its tokens now fill stage 2.
+    seen = []
+
+    def measuring(on_token, **s):
+        bar = on_token.__self__.progress                  # the explorer's own bar, as each token arrives
+        return measure.measure_request(**s, on_token=lambda done, total: (on_token(done, total),
+                                                                          seen.append(bar.value)))
+
+    ex = explorer_mod.Explorer("cpu", measure_fn=measuring, **TINY)
+    stage = explorer_mod.STAGE
+    assert seen == sorted(seen) and 2 * stage < seen[len(seen) // 2] < 3 * stage and seen[-1] == 3 * stage
+    assert ex.progress.value == ex.progress.max == 4 * stage

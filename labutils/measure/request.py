@@ -196,7 +196,8 @@ def clear_models(n: int | None = None) -> None:
 
 def measure_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 1, dtype: str = "fp32",
                     device="cpu", *, repeats: int = 1, peaks=None, seed: int = 0,
-                    context_length: int | None = None, progress_desc: str = "", skeleton: bool = False) -> dict:
+                    context_length: int | None = None, progress_desc: str = "", skeleton: bool = False,
+                    on_token=None) -> dict:
     """Run one real request (random prompt ids, greedy decode) and return its metrics as a plain row.
 
     With repeats > 1 the request runs that many times; TTFT and TPOT are medians and the timestamps
@@ -206,16 +207,17 @@ def measure_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 
     the notebook counts the tokens of every run as they arrive. With skeleton=True the same request runs on the
     preset's skeleton (`skeleton_config`: its layers and ops at toy width), through the same loop: its TTFT and
     TPOT are what a prefill and a decode step cost besides their FLOPs and bytes (see floor_sets_time).
+    `on_token(done, total)` is called as each token arrives (a widget's own progress bar).
     """
     repeats = check_count("repeats", repeats, 1, 1000)
     return measure_requests(preset, [(prompt_len, new_tokens)], batch, dtype, device, rounds=repeats, peaks=peaks,
                             seed=seed, context_length=context_length, progress_desc=progress_desc,
-                            skeleton=skeleton)[0]
+                            skeleton=skeleton, on_token=on_token)[0]
 
 
 def measure_requests(preset: str, settings, batch: int = 1, dtype: str = "fp32", device="cpu", *, rounds: int = 1,
                      peaks=None, seed: int = 0, context_length: int | None = None, progress_desc: str = "",
-                     skeleton: bool = False) -> list[dict]:
+                     skeleton: bool = False, on_token=None) -> list[dict]:
     """measure_request for several (prompt_len, new_tokens) settings of one model, run in turn, round after
     round (A B C A B C ...): a slow patch of a noisy machine then lands on every setting alike, so the
     ratios between their rows hold. One row per setting, as measure_request returns it."""
@@ -241,14 +243,22 @@ def measure_requests(preset: str, settings, batch: int = 1, dtype: str = "fp32",
         model = _get_model(preset, cfg, dtype, device, context_length)
         ids = [random_ids(model.config.vocab_size, (batch, p), seed) for p, _ in settings]
         generate(model, ids[0][:, :min(settings[0][0], 16)], 2)     # warm this batch size up, untimed
-        bar = Steps(rounds * sum(n for _, n in settings) if progress_desc else 0, progress_desc)
+        total = rounds * sum(n for _, n in settings)
+        bar, done = Steps(total if progress_desc else 0, progress_desc), [0]
+
+        def token(text: str) -> None:
+            bar.step(text)
+            done[0] += 1
+            if on_token is not None:
+                on_token(done[0], total)
+
         runs = [[] for _ in settings]
         with quiet.watch():                                         # one line if others were busy meanwhile
             for r in range(rounds):
                 for i, ((prompt_len, new_tokens), prompt) in enumerate(zip(settings, ids)):
                     bar.show(f"round {r + 1} of {rounds}: prefill of {prompt_len} tokens x batch {batch}")
                     runs[i].append(_request(model, prompt, new_tokens, device,
-                                            on_token=lambda _, r=r: bar.step(f"round {r + 1} of {rounds}, decoding")))
+                                            on_token=lambda _, r=r: token(f"round {r + 1} of {rounds}, decoding")))
         bar.done()
     except (RuntimeError, MemoryError) as err:    # torch.OutOfMemoryError is a RuntimeError
         if not is_oom(err):

@@ -28,6 +28,9 @@ ROW_NUMBERS = ("ttft_s", "tpot_s", "latency_s", "decode_tok_s", "achieved_Bps", 
 ROW_OTHERS = ("timestamps", "preset", "dtype", "device")
 
 
+STAGE = 25          # progress steps per stage of a measurement
+
+
 class Explorer(w.VBox):
     """Controls, a status line with a progress bar, and three Plots.
 
@@ -72,7 +75,9 @@ class Explorer(w.VBox):
                               layout=w.Layout(width="auto", flex="0 0 auto"),    # a fixed width cut the caption
                               tooltip="forget the cached result of this setting and measure it again")
         self.again.on_click(lambda _: self.remeasure())
-        self.progress = w.IntProgress(value=0, min=0, max=4, bar_style="info", layout=w.Layout(width="160px"))
+        # Four stages of STAGE steps each; the request's own stage fills as its tokens arrive (a 15 s request once
+        # left the bar frozen at stage 2 of 4).
+        self.progress = w.IntProgress(value=0, min=0, max=4 * STAGE, bar_style="info", layout=w.Layout(width="160px"))
         self.status = w.HTML()
         self.notes = w.HTML(_notes_html(device, notes))
         self.fig_timeline = Plot(rf.timeline_figure())
@@ -179,8 +184,13 @@ class Explorer(w.VBox):
         return self.refresh()
 
     def _stage(self, step: int, text: str) -> None:
-        self.progress.value, self.progress.bar_style = step, "info"
+        self.progress.value, self.progress.bar_style = step * STAGE, "info"
         self.status.value = f"&#9203; {html.escape(text)}"
+
+    def _token(self, done: int, total: int) -> None:
+        value = 2 * STAGE + STAGE * done // max(total, 1)          # stage 2, filled by the tokens that arrived
+        if value != self.progress.value:                        # at most STAGE messages to the page
+            self.progress.value = value
 
     def _run(self, s: dict) -> dict:
         self._stage(0, f"measuring this machine's peak bandwidth and FLOP/s ({s['device']}, {s['dtype']})")
@@ -189,13 +199,13 @@ class Explorer(w.VBox):
         measure.get_model(s["preset"], s["dtype"], s["device"])          # cached after the first call
         self._stage(2, f"running: prefill {s['prompt_len']} tokens x batch {s['batch']}, "
                        f"then {s['new_tokens']} decode steps")
-        row = self._measure(**s)
+        row = self._measure(**s, on_token=self._token)
         if max(row.get(k, 0) for k in ("mbu", "mfu_prefill", "mfu_decode")) > 1:   # check_row names a missing key
             # Above 100% of a peak means the peak probe ran while something else held the machine (the
             # request itself was quicker than the "ceiling"). Probe once more and time the request again.
             self._stage(2, "a utilization came out above 100%: measuring the peaks and the request again")
             measured_peaks(s["device"], torch_dtype(s["dtype"]), refresh=True)
-            row = self._measure(**s)
+            row = self._measure(**s, on_token=self._token)
         self.measurements += 1
         return row
 
