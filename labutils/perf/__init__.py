@@ -5,8 +5,8 @@ from labutils.core.surface import lazy_surface
 SURFACE = {
     "labutils.perf.datasheets": ["SPECS", "DeviceSpec", "match_spec"],
     "labutils.perf.peaks": ["Peaks", "measured_peaks"],
-    "labutils.perf.probes": ["MeasurementError", "last_level_cache_bytes", "measure_bandwidth", "measure_linear_sweep",
-                             "measure_matmul_flops"],
+    "labutils.perf.probes": ["MeasurementError", "cpu_multiplies_bf16", "last_level_cache_bytes", "measure_bandwidth",
+                             "measure_linear_sweep", "measure_matmul_flops"],
     "labutils.perf.quiet": ["watch"],
     "labutils.perf.shape_choice": ["ShapeChoice", "next_larger", "shape_for"],
     "labutils.perf.timing": ["Timing", "itl_s", "synchronize", "time_fn", "torch_threads", "tpot_s", "ttft_s"],

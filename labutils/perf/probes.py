@@ -240,6 +240,13 @@ def _affordable_n(dtype: torch.dtype, device: torch.device, n_max: int, budget_s
     return max(probe, int((budget_s * rate / 2) ** (1 / 3)) // 256 * 256)
 
 
+def cpu_multiplies_bf16() -> bool:
+    """True where this CPU has bf16 matrix instructions (AVX512-BF16 or AMX tiles), as torch's own CPU kernels ask:
+    only there do bf16 matmuls and the fused int8 kernel (which computes in bf16) run at full speed."""
+    return any(getattr(torch.cpu, name, lambda: False)()
+               for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+
+
 def check_dtype(dtype: torch.dtype, device: torch.device | str | None = None) -> None:
     """Raise a clear error when `device` cannot multiply matrices of `dtype`."""
     device = resolve_device(device)
@@ -334,4 +341,4 @@ def measure_linear_sweep(n_out: int | None = None, n_in: int = 4096, batches=(1,
     return rows
 
 
-__all__ = ['MeasurementError', 'bandwidth_sweep_sizes', 'cache_label', 'check_dtype', 'default_copy_bytes', 'default_matmul_n', 'device_cache', 'in_virtual_machine', 'last_level_cache', 'last_level_cache_bytes', 'measure_bandwidth', 'measure_bandwidth_sweep', 'measure_linear_sweep', 'measure_matmul_flops', 'sweep_repeats', 'weight_rows_beyond_cache']
+__all__ = ['MeasurementError', 'bandwidth_sweep_sizes', 'cache_label', 'check_dtype', 'cpu_multiplies_bf16', 'default_copy_bytes', 'default_matmul_n', 'device_cache', 'in_virtual_machine', 'last_level_cache', 'last_level_cache_bytes', 'measure_bandwidth', 'measure_bandwidth_sweep', 'measure_linear_sweep', 'measure_matmul_flops', 'sweep_repeats', 'weight_rows_beyond_cache']
