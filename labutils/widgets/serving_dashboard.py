@@ -159,8 +159,10 @@ class ServingDashboard(w.VBox):
             return None
         rejected = [r for r in served.results if r.finish_reason == "rejected"]
         note = (f"; {len(rejected)} rejected: {html.escape(rejected[0].error)}" if rejected else "")
-        if window.busy:
-            note += f"<br><span style='color:#b00020'>&#9888; {html.escape(window.message)}</span>"
+        if window.busy:        # a reading taken beside other work: dimmed, with the way to a clean one
+            self.meters.add_class(STALE)
+            note += (f"<br><span style='color:#b00020'>&#9888; {html.escape(window.message)} with "
+                     "<b>Run workload</b></span>")
         self.status.value = f"{html.escape(wl.description)}{note}"
         return served
 
