@@ -23,9 +23,11 @@ def test_each_lesson_row_uses_the_shape_that_lesson_gets_on_the_h200(monkeypatch
         lesson_05 = shape_for("cuda", "gpt2-small", cache_tokens=1200)            # the calls the lessons make
         lesson_07 = shape_for("cuda", "gpt2-small", cache_tokens=512 + 128, batch=64)
         lesson_06 = shape_for("cuda", "tiny", cache_tokens=4096)
+        lesson_09 = shape_for("cuda", "tiny", cache_tokens=128 + 1, batch=64)
     rows = gpu_predictions.rows()
     assert rows[0][3] == lesson_05.preset == "llama-2-7b"
     assert all(lesson_07.preset in arithmetic for lesson, _, arithmetic, _ in rows
                if lesson == "07" and "llama" in arithmetic)
     assert all(lesson_06.preset in arithmetic for lesson, _, arithmetic, _ in rows if lesson == "06" and "TFLOP" in arithmetic)
-    assert {lesson for lesson, *_ in rows} == {"05", "06", "07", "08"}
+    assert any(lesson == "09" and arithmetic.startswith(f"{lesson_09.preset}:") for lesson, _, arithmetic, _ in rows)
+    assert {lesson for lesson, *_ in rows} == {"05", "06", "07", "08", "09"}
