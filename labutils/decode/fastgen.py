@@ -289,12 +289,18 @@ class FastDecoder:
             self.noise.exponential_(generator=gen).clamp_min_(1e-30)   # E = 0 would divide by zero
 
 
+def _resolve_auto(mode: str, device: torch.device, cache: str) -> str:
+    """The mode "auto" stands for here; any other mode as it is."""
+    if mode != "auto":
+        return mode
+    # CUDA: the graph. Elsewhere eager: no CUDA graphs, and inductor's compile takes longer
+    # on a CPU than a lesson's time budget allows (time it with mode="compile").
+    return "graph" if device.type == "cuda" and cache == "static" else "eager"
+
+
 def _choose_mode(mode: str, device: torch.device, cache: str) -> tuple[str, str | None]:
     """(the mode that will run, why it fell back to eager or None)."""
-    if mode == "auto":
-        # CUDA: the graph. Elsewhere eager: no CUDA graphs, and inductor's compile takes longer
-        # on a CPU than a lesson's time budget allows (time it with mode="compile").
-        mode = "graph" if device.type == "cuda" and cache == "static" else "eager"
+    mode = _resolve_auto(mode, device, cache)
     fallback = _unavailable(mode, device, cache)
     return ("eager" if fallback else mode), fallback
 
@@ -436,9 +442,7 @@ def fast_generate(model, ids, max_new_tokens: int, *, temperature: float = 0.0, 
     _check_choice("cache", cache, CACHES)
     ids = check_request(model, ids, max_new_tokens, temperature, top_k, top_p)   # before any allocation
     B, need = ids.shape[0], ids.shape[1] + int(max_new_tokens)
-    device = next(model.parameters()).device
-    if mode == "auto":
-        mode = "graph" if device.type == "cuda" and cache == "static" else "eager"
+    mode = _resolve_auto(mode, next(model.parameters()).device, cache)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     if mode == "eager":                   # cheap to build: one per call, at exactly this shape
         decoder = FastDecoder(model, B, need, mode=mode, cache=cache, **sampling)

@@ -247,7 +247,7 @@ def cpu_multiplies_bf16() -> bool:
                for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
 
 
-def check_dtype(dtype: torch.dtype, device: torch.device | str | None = None) -> None:
+def check_can_multiply(dtype: torch.dtype, device: torch.device | str | None = None) -> None:
     """Raise a clear error when `device` cannot multiply matrices of `dtype`."""
     device = resolve_device(device)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point or dtype.itemsize < 2:
@@ -278,7 +278,7 @@ def measure_matmul_flops(dtype: torch.dtype = torch.float32, device: torch.devic
     cores only if `torch.backends.cuda.matmul.allow_tf32` is set; we report whatever torch does.
     """
     device = resolve_device(device)
-    check_dtype(dtype, device)
+    check_can_multiply(dtype, device)
     if n is None:
         n = default_matmul_n(device)
         if device.type == "cpu" and dtype != torch.float32:
@@ -318,7 +318,7 @@ def measure_linear_sweep(n_out: int | None = None, n_in: int = 4096, batches=(1,
     """
     from labutils.perf import roofline
     device = resolve_device(device)
-    check_dtype(dtype, device)
+    check_can_multiply(dtype, device)
     seed = check_seed(seed)
     batches = list(batches)
     if n_out is None:
@@ -341,4 +341,4 @@ def measure_linear_sweep(n_out: int | None = None, n_in: int = 4096, batches=(1,
     return rows
 
 
-__all__ = ['MeasurementError', 'bandwidth_sweep_sizes', 'cache_label', 'check_dtype', 'cpu_multiplies_bf16', 'default_copy_bytes', 'default_matmul_n', 'device_cache', 'in_virtual_machine', 'last_level_cache', 'last_level_cache_bytes', 'measure_bandwidth', 'measure_bandwidth_sweep', 'measure_linear_sweep', 'measure_matmul_flops', 'sweep_repeats', 'weight_rows_beyond_cache']
+__all__ = ['MeasurementError', 'bandwidth_sweep_sizes', 'cache_label', 'check_can_multiply', 'cpu_multiplies_bf16', 'default_copy_bytes', 'default_matmul_n', 'device_cache', 'in_virtual_machine', 'last_level_cache', 'last_level_cache_bytes', 'measure_bandwidth', 'measure_bandwidth_sweep', 'measure_linear_sweep', 'measure_matmul_flops', 'sweep_repeats', 'weight_rows_beyond_cache']
