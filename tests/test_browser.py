@@ -504,8 +504,8 @@ def test_lesson11_plots_fit_and_label_each_runs_arrival(lab):
     with lesson_page(lab, "11_two_phases.ipynb", pick, timeout_s=600) as page:
         assert_every_plot_drawn(page)
         # Printed lines wrap at spaces on this page (labutils.PAGE_STYLE), not mid-word as JupyterLab's default.
-        assert page.evaluate("() => getComputedStyle(document.querySelector('.jp-OutputArea-output pre'))"
-                             ".wordBreak") == "normal"
+        assert page.evaluate("() => { const pre = document.querySelector('.jp-OutputArea-output pre');"
+                             " return pre && getComputedStyle(pre).wordBreak; }") == "normal"
         for marker, name in (("itl_figure(runs", "itl.png"), ("budget_figure(points)", "budgets.png")):
             show_cell(page, marker)
             cell = ".jp-Cell.jp-mod-active .js-plotly-plot"

@@ -47,7 +47,9 @@ def test_a_lesson_runs_on_its_gpu_shape(lesson, until, tmp_path, monkeypatch):
     monkeypatch.setenv("LABUTILS_CACHE_DIR", str(tmp_path))     # emulated peaks stay out of the learner's cache
     nb = nbformat.read(NOTEBOOKS / lesson, as_version=4)
     if until is not None:
-        nb.cells = nb.cells[:next(i for i, c in enumerate(nb.cells) if f"\n{until}" in f"\n{c.source}")]
+        ends = [i for i, c in enumerate(nb.cells) if f"\n{until}" in f"\n{c.source}"]
+        assert ends, f"{lesson} has no heading {until!r}: update LESSONS in this test"
+        nb.cells = nb.cells[:ends[0]]
     nb.cells.insert(0, nbformat.v4.new_code_cell(REGISTER_TOY_LLAMAS))
     client = NotebookClient(nb, timeout=600, kernel_name=gpu_check.KERNEL, allow_errors=True,
                             resources={"metadata": {"path": str(NOTEBOOKS)}})

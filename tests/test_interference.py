@@ -49,8 +49,8 @@ def test_each_timeline_row_times_its_own_step_not_the_idle_wait_before_it():
     engine.submit([4, 5], 2, arrival_s=0.2)                 # the engine sleeps about 0.2 s before this one
     engine.run()
     rows = engine.timeline
-    assert all(0 < r["step_s"] < 0.15 for r in rows)
-    assert sum(r["step_s"] for r in rows) < rows[-1]["t"] - 0.15
+    assert all(r["step_s"] > 0 for r in rows)
+    assert sum(r["step_s"] for r in rows) < rows[-1]["t"] - 0.15              # the 0.2 s wait is in no step
 
 
 def test_a_handoff_costs_the_prompts_kv_bytes_over_the_link():

@@ -106,6 +106,9 @@ def test_batch_figure_knee_label_sits_at_the_knee_on_the_log_axis():
                       selected=dict(n=2, tokens_per_s=200.0))
     assert list(fig.data[2].x) == [2] and fig.data[2].marker.symbol == "star"   # the selected batch is marked
     assert fig.data[3].name == "measured knee" and list(fig.data[3].x) == [2.0, 2.0]
+    # A sweep that stops before throughput flattens (every step as fast as batch 1's) has no knee to show.
+    figs.update_batch(fig, [dict(phase="decode", n=b, tokens_per_s=b / 0.01, seconds=0.01) for b in (1, 2, 4)])
+    assert list(fig.data[3].x) == []
     # Hover text names both axes with their units, not plotly's bare "(2, 200)".
     assert "batch (sequences decoded together): %{x" in fig.data[1].hovertemplate
     assert "output tokens/s: %{y" in fig.data[1].hovertemplate

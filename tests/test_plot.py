@@ -93,3 +93,19 @@ def test_a_live_curve_grows_and_shows_every_point_when_finished(monkeypatch):
     assert len(shown(curve).data[0].x) == 1, "redrawn once, at the first point, then throttled"
     curve.finish()
     assert list(shown(curve).data[0].x) == list(range(50)) and shown(curve).data[0].y[-1] == pytest.approx(3.04)
+
+
+def test_hover_text_names_each_axis_with_its_units_and_leaves_label_axes_as_they_are():
+    import plotly.graph_objects as go
+    from labutils.figures.hover import with_units
+    fig = go.Figure([go.Scatter(x=[1.5, 2.0], y=[3.0, 4.0], name="measured", text=["a", "b"]),
+                     go.Bar(x=["fp32", "bf16"], y=[1.0, 2.0], name="bars"),
+                     go.Scatter(x=[1], y=[1], hovertemplate="mine<extra></extra>")])
+    fig.update_layout(xaxis_title="batch", yaxis_title="tokens/s")
+    with_units(fig)
+    assert fig.data[0].hovertemplate == "batch: %{x:.4~g}<br>tokens/s: %{y:.4~g}<br>%{text}<extra>measured</extra>"
+    # Labels are shown as they are: a number format would print "NaN" for "fp32".
+    assert fig.data[1].hovertemplate.startswith("batch: %{x}<br>tokens/s: %{y:.4~g}")
+    assert fig.data[2].hovertemplate == "mine<extra></extra>"                 # a trace's own hover text stays
+    untitled = with_units(go.Figure(go.Bar(x=["a"], y=[1])))
+    assert untitled.data[0].hovertemplate is None                              # no title: plotly's default

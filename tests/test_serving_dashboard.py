@@ -101,10 +101,11 @@ def test_a_run_on_a_busy_machine_says_so(model, monkeypatch):
     fake_counters(monkeypatch, others_per_reading=150)
     dash.run()
     assert "busy machine" in dash.status.value and "timings are unreliable" in dash.status.value
-    assert "pdl-stale" in dash.meters._dom_classes and "with <b>Run workload</b>" in dash.status.value
+    assert "pdl-busy" in dash.meters._dom_classes and "pdl-busy" in dash.fig._dom_classes
+    assert "with <b>Run workload</b>" in dash.status.value
     fake_counters(monkeypatch, others_per_reading=0)
     dash.run()
-    assert "pdl-stale" not in dash.meters._dom_classes and "busy machine" not in dash.status.value
+    assert "pdl-busy" not in dash.meters._dom_classes + dash.fig._dom_classes and "busy machine" not in dash.status.value
 
 
 def test_the_chunked_switch_and_the_token_budget_reach_the_engine():

@@ -8,6 +8,7 @@ cell whose output nbval compares never grows a bar.
 from __future__ import annotations
 
 import html
+import math
 import time
 from typing import Callable, Iterable, Iterator, TypeVar
 
@@ -24,6 +25,21 @@ def in_notebook() -> bool:
     return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
 
 
+class Pace:
+    """`ready()` is true at most once every MIN_GAP_S seconds (and always for the final update): a progress message
+    sent from inside a timed loop (a request's tokens, a served workload's requests) must cost it almost nothing."""
+
+    def __init__(self):
+        self._at = -math.inf        # perf_counter counts from an arbitrary start: the first update always goes
+
+    def ready(self, final: bool = False) -> bool:
+        now = time.perf_counter()
+        if final or now - self._at > MIN_GAP_S:
+            self._at = now
+            return True
+        return False
+
+
 class Steps:
     """A bar of `total` steps: `step(text)` advances it and shows "i / total: text"; `done()` turns it green.
 
@@ -33,8 +49,7 @@ class Steps:
     def __init__(self, total: int, desc: str = ""):
         self.total, self.count, self._bar = int(total), 0, None
         self._every = max(1, self.total // 100)     # at most ~100 updates: each one is a message to the page
-        self._shown_at = 0.0                         # and at most a few a second, so a bar inside a timed
-        #                                              loop (a request's tokens) costs it almost nothing
+        self._pace = Pace()                          # and at most a few a second
         if not (in_notebook() and self.total > 0):
             return
         import ipywidgets as w
@@ -55,10 +70,8 @@ class Steps:
 
     def step(self, item: str = "") -> None:
         self.count += 1
-        now = time.perf_counter()
-        if self._bar is not None and (self.count >= self.total or (self.count % self._every == 0
-                                                                   and now - self._shown_at > MIN_GAP_S)):
-            self._shown_at = now
+        if self._bar is not None and (self.count % self._every == 0 or self.count >= self.total) \
+                and self._pace.ready(final=self.count >= self.total):
             self._bar.value = min(self.count, self.total)
             self._label.value = self._text(item)
 

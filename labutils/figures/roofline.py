@@ -91,9 +91,12 @@ def update_batch(fig, points, selected=None) -> None:
     fig.data[2].x = [] if selected is None else [selected["n"]]
     fig.data[2].y = [] if selected is None else [selected["tokens_per_s"]]
     ys = [y for t in fig.data[:2] for y in (t.y or [])]
+    # The estimate stands for the knee only once the largest batch is well past it (measured_knee): drawn from
+    # twice the knee on, so a sweep that stops short of the knee (a GPU's 7B shape at batch 64) draws none.
     knee = measured_knee(points)
-    fig.data[3].x = [] if knee is None else [knee, knee]
-    fig.data[3].y = [] if knee is None else [min(ys), max(ys)]
+    shown = knee is not None and 2 * knee <= max(p["n"] for p in rows)
+    fig.data[3].x = [knee, knee] if shown else []
+    fig.data[3].y = [min(ys), max(ys)] if shown else []
     fig.update_yaxes(**log_axis(ys, title="output tokens/s"))
 
 

@@ -87,7 +87,7 @@ def itl_figure(runs: dict, title: str = "Every stream token's gap to the one bef
                         hovertemplate="the long prompt arrives at %{x:.3f} s<extra>" + label + "</extra>")
     fig.update_layout(title=title, xaxis_title="seconds since the streams started", yaxis_title="ITL (ms)",
                       height=380, legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"))
-    return with_units(fig)
+    return fig
 
 
 def budget_figure(points, title: str = "The token budget: p99 ITL against p50 TTFT") -> go.Figure:
@@ -98,7 +98,7 @@ def budget_figure(points, title: str = "The token budget: p99 ITL against p50 TT
                     textposition="top center", name="budget (tokens per step)",
                     hovertemplate="budget %{text}: TTFT p50 %{x:.1f} ms, ITL p99 %{y:.2f} ms<extra></extra>")
     fig.update_layout(title=title, xaxis_title="TTFT p50 (ms)", yaxis_title="ITL p99 (ms)", height=360)
-    return with_units(fig)
+    return fig
 
 
 __all__ = ["batch_figure", "budget_figure", "gantt_bars", "gantt_figure", "itl_figure"]

@@ -10,6 +10,7 @@ from typing import Callable, TypeVar
 
 import torch
 
+from labutils.core import fake_cuda
 from labutils.perf.timing import time_fn
 from labutils.core.validate import check_count, check_seed
 from labutils.core.devices import GiB, MiB, resolve_device, describe_device, free_memory_bytes, is_oom
@@ -328,7 +329,8 @@ def measure_linear_sweep(n_out: int | None = None, n_in: int = 4096, batches=(1,
     if not batches:
         raise ValueError("batches is empty; pass the batch sizes to time, e.g. (1, 8, 64)")
     g = torch.Generator().manual_seed(seed)
-    w = torch.randn(n_out, n_in, generator=g).to(device=device, dtype=dtype)
+    # Drawn on the device in its dtype: a host fp32 draw of a 2 GiB weight takes seconds and doubles its memory.
+    w = torch.empty(n_out, n_in, device=device, dtype=dtype).normal_(generator=fake_cuda.generator(device, seed))
     rows = []
     for batch in batches:
         x = torch.randn(batch, n_in, generator=g).to(device=device, dtype=dtype)
@@ -336,8 +338,9 @@ def measure_linear_sweep(n_out: int | None = None, n_in: int = 4096, batches=(1,
         seconds = time_fn(lambda: torch.matmul(x, w.t(), out=out), device=device, warmup=warmup,
                           repeats=repeats).median_s
         nbytes, flops = roofline.linear_bytes(n_out, n_in, batch, dtype), roofline.linear_flops(n_out, n_in, batch)
-        rows.append(dict(n_out=n_out, n_in=n_in, batch=batch, seconds=seconds, bytes=nbytes, flops=flops, bytes_per_s=nbytes / seconds,
-                         flops_per_s=flops / seconds, intensity=roofline.arithmetic_intensity(flops, nbytes)))
+        rows.append(dict(n_out=n_out, n_in=n_in, batch=batch, seconds=seconds, bytes=nbytes, flops=flops,
+                         bytes_per_s=nbytes / seconds, flops_per_s=flops / seconds,
+                         intensity=roofline.arithmetic_intensity(flops, nbytes)))
     return rows
 
 

@@ -19,14 +19,17 @@ import threading
 import time
 from dataclasses import dataclass
 
+from labutils.core.progress_bar import in_notebook
+
 # Other processes may use this much of one core before timings are called unreliable. A desktop, a
 # browser tab and Jupyter itself stay far below it; a second notebook, a test run or a build does not.
 BUSY_CORES = 0.25
 # Counters tick 100 times a second, and the two readings round on their own: allow a couple of ticks of slack.
 SLACK_TICKS = 2
 MARKER = "busy machine:"
-ADVICE = ("timings are unreliable; close other notebooks and programs, let this page finish drawing its plots "
-          "(a browser drawing them is busy too), then measure again")
+ADVICE = "timings are unreliable; close other notebooks and programs, then measure again"
+# In a notebook the learner's own page can be the other process: a browser drawing plots used up to 0.9 of a core.
+PAGE_ADVICE = "; a browser still drawing this page's plots counts too, so let them finish"
 
 _local = threading.local()
 _last: "Window | None" = None
@@ -158,10 +161,11 @@ class Window:
     @property
     def message(self) -> str:
         load = "" if self.load is None else f" (load average {self.load:.1f})"
+        advice = ADVICE + (PAGE_ADVICE if in_notebook() else "")
         if self.others_cores is None:
-            return f"{MARKER} load average {self.load:.1f} on {self.cores} usable cores; {ADVICE}"
+            return f"{MARKER} load average {self.load:.1f} on {self.cores} usable cores; {advice}"
         return (f"{MARKER} other processes used {self.others_cores:.1f} of {self.cores} usable cores during "
-                f"this measurement{load}; {ADVICE}")
+                f"this measurement{load}; {advice}")
 
 
 class _Counter:
@@ -211,13 +215,12 @@ _reported_in: object = None      # the notebook cell that printed a busy line al
 
 
 def _cell() -> object:
-    """The running notebook cell's execution count; None outside IPython, where every busy line prints."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
+    """A number that tells the running notebook cell from the others (IPython's execution count, whichever side of
+    the cell it counts on); None outside a notebook, where every busy line prints."""
+    if not in_notebook():
         return None
-    shell = get_ipython()
-    return None if shell is None else shell.execution_count
+    from IPython import get_ipython
+    return get_ipython().execution_count
 
 
 def _report(w: Window) -> None:

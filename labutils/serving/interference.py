@@ -81,8 +81,8 @@ def long_prompt_among_streams(model, *, n_streams: int = 8, stream_prompt: int =
 @dataclass
 class BudgetPoint:
     """One budget's serving meters: None for a budget means whole prompts (no chunking). `forwards` counts the
-    steps that ran the model; `decode_step_s` is the median time of those that fed it only decode tokens: what a
-    forward costs with no prompt in it."""
+    steps that ran the model; `decode_step_s` is the median time of those that fed it no prompt chunk longer than
+    one token (the engine's timeline counts a 1-token chunk as decode): what a forward costs with no prompt in it."""
 
     budget: int | None
     summary: Summary

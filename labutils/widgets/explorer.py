@@ -11,6 +11,7 @@ from labutils.measure import request as measure
 from labutils.perf import quiet
 from labutils.figures import request as rf
 from labutils.core.dtypes import torch_dtype
+from labutils.core.progress_bar import Pace
 from labutils.core.devices import pick_device
 from labutils.perf.peaks import measured_peaks
 from labutils.model.gpt import GPTConfig
@@ -84,6 +85,7 @@ class Explorer(w.VBox):
         self.fig_sweep = Plot(rf.sweep_figure())
         self.fig_util = Plot(rf.utilization_figure())
         self._latest = Latest(self.refresh)
+        self._pace = Pace()
         context = GPTConfig.preset(preset).context_length
         if self.prompt_len.value + self.new_tokens.value > context:     # _clamp would move new_tokens quietly
             raise ValueError(f"prompt_len ({self.prompt_len.value}) + new_tokens ({self.new_tokens.value}) = "
@@ -188,9 +190,9 @@ class Explorer(w.VBox):
         self.status.value = f"&#9203; {html.escape(text)}"
 
     def _token(self, done: int, total: int) -> None:
-        value = 2 * STAGE + STAGE * done // max(total, 1)          # stage 2, filled by the tokens that arrived
-        if value != self.progress.value:                        # at most STAGE messages to the page
-            self.progress.value = value
+        # Called inside the timed decode loop: a message to the page at most every Pace's gap, and the last one.
+        if self._pace.ready(final=done >= total):
+            self.progress.value = 2 * STAGE + STAGE * done // max(total, 1)     # stage 2, filled by the tokens
 
     def _run(self, s: dict) -> dict:
         self._stage(0, f"measuring this machine's peak bandwidth and FLOP/s ({s['device']}, {s['dtype']})")

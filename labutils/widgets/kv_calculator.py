@@ -18,9 +18,6 @@ from labutils.figures.kv import GB, cache_curve
 CACHE_DTYPES = ("fp16", "bf16", "fp8", "int8")
 
 
-MAX_CONTEXT = max(s.context_length for s in PRESETS.values())
-
-
 def kv_summary(preset: str, context: int, batch: int = 1, dtype: str = "fp16", weight_dtype: str = "fp16") -> dict:
     """Everything the calculator shows, as plain numbers; raises ValueError for impossible settings."""
     shape = get_shape(preset)
@@ -82,7 +79,8 @@ class KVCalculator(w.VBox):
     def __init__(self, preset: str = "llama-2-7b", context: int = 4096, batch: int = 1, dtype: str = "fp16"):
         shape = get_shape(preset)      # an unknown name fails here, loudly, before any widget exists
         style, wide = {"description_width": "90px"}, w.Layout(width="420px")
-        self.preset = w.Dropdown(options=list(PRESETS), value=preset, description="model", style=style, layout=wide)
+        self.preset = w.Dropdown(options=list(PRESETS), value=preset, description="model", style=style,
+                                 layout=wide)
         # The slider ends at the model's own context: past it, every setting only said "not possible".
         self.context = IntSlider(name="context", value=check_count("context", context), min=1,
                                  max=shape.context_length, step=1, description="context", continuous_update=False, style=style, layout=wide)
@@ -181,4 +179,4 @@ def kv_calculator(preset: str = "llama-2-7b", context: int = 4096, batch: int = 
     return KVCalculator(preset, context, batch, dtype)
 
 
-__all__ = ['CACHE_DTYPES', 'KVCalculator', 'MAX_CONTEXT', 'kv_calculator', 'kv_summary', 'summary_text']
+__all__ = ['CACHE_DTYPES', 'KVCalculator', 'kv_calculator', 'kv_summary', 'summary_text']

@@ -9,13 +9,15 @@ from labutils.perf import quiet
 from labutils.serving.engine import DEFAULT_BATCHED_TOKENS, Served, serve
 from labutils.figures.serving import gantt_figure
 from labutils.serving.workload import Workload, make_workload
+from labutils.core.progress_bar import Pace
 from labutils.core.validate import check_count
 from labutils.model.gpt import GPT
 from labutils.widgets.controls import IntSlider
 from labutils.widgets.plot import Plot
 
 
-STALE = "pdl-stale"          # the CSS class that dims results the controls no longer describe
+STALE = "pdl-stale"          # the CSS class of results the controls no longer describe
+BUSY = "pdl-busy"            # and of results timed while other processes held the CPU: both are dimmed
 
 
 def dashboard_workload(context_length: int, vocab_size: int, *, n_requests: int, rate: float | None, prompt_len,
@@ -97,12 +99,12 @@ class ServingDashboard(w.VBox):
         for control in (self.rate, self.at_once, self.slots, self.prompt, self.output, self.prefix, self.caching,
                         self.chunked, self.budget, self.requests):
             control.observe(lambda _: self._stale(), names="value")
-        super().__init__([w.HTML(f"<style>.{STALE} {{opacity: 0.4}}</style>"), controls,
+        super().__init__([w.HTML(f"<style>.{STALE}, .{BUSY} {{opacity: 0.4}}</style>"), controls,
                           w.HBox([self.button, self.progress, self.status]), self.meters, self.fig])
 
     def _stale(self) -> None:
         """A control moved: the shown results no longer match the controls, so dim them and say so."""
-        if self.served is None or self.button.disabled:
+        if self.served is None:
             return
         for view in (self.meters, self.fig):
             view.add_class(STALE)
@@ -137,13 +139,16 @@ class ServingDashboard(w.VBox):
             self.button.disabled = False
 
     def _finished(self, done: int, total: int) -> None:
-        self.progress.max, self.progress.value = total, done
+        # Called inside the served workload's clock: a message to the page at most every Pace's gap, and the last.
+        if self._pace.ready(final=done >= total):
+            self.progress.max, self.progress.value = total, done
 
     def _run(self) -> Served | None:
         try:
             self.status.value = "&#9203; serving ..."
             wl = self.workload()
             self.progress.max, self.progress.value, self.progress.bar_style = len(wl), 0, "info"
+            self._pace = Pace()
             with quiet.watch(report=False) as window:
                 served = self._serve(self.model, wl, self.slots.value, on_finished=self._finished,
                                      **self.engine_options())
@@ -152,15 +157,18 @@ class ServingDashboard(w.VBox):
             self.fig.replace(gantt_figure(served.results, f"{len(wl)} requests, {self.slots.value} batch slots"))
             for view in (self.meters, self.fig):
                 view.remove_class(STALE)
+                view.remove_class(BUSY)
             self.progress.bar_style = "success"
         except Exception as err:               # the view must survive anything a setting can cause
+            self.progress.bar_style = "danger"
             self.status.value = (f"<span style='color:#b00020'><b>Could not serve this workload:</b> "
                                  f"{html.escape(str(err))}</span> <i>(the results below are from the last good run)</i>")
             return None
         rejected = [r for r in served.results if r.finish_reason == "rejected"]
         note = (f"; {len(rejected)} rejected: {html.escape(rejected[0].error)}" if rejected else "")
         if window.busy:        # a reading taken beside other work: dimmed, with the way to a clean one
-            self.meters.add_class(STALE)
+            for view in (self.meters, self.fig):
+                view.add_class(BUSY)
             note += (f"<br><span style='color:#b00020'>&#9888; {html.escape(window.message)} with "
                      "<b>Run workload</b></span>")
         self.status.value = f"{html.escape(wl.description)}{note}"
