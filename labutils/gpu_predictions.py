@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from labutils.core.devices import GiB
 from labutils.perf import roofline
 from labutils.perf.datasheets import SPECS
 from labutils.perf.peaks import Peaks
@@ -96,6 +97,11 @@ def rows() -> list[tuple[str, str, str, str]]:
     out.append(("07", "a 512-token prefill on the roofline", f"{i512:.0f} FLOP/byte against {H200.ridge:.0f}",
                 f"{roofline.prefill_floor_s(m7, 512, peak_flops=flops) * 1e3:.1f} ms floor, "
                 + ("on the compute roof" if i512 > H200.ridge else "still below the ridge")))
+    gemv = GiB                                                # lesson 07's GEMV: the copy probe's GPU buffer
+    out.append(("07", "at one row the GEMV moves bytes at a large share of the copy bandwidth",
+                f"a {gemv // (2 * 4096):,} x 4,096 bf16 weight ({gemv / 2**30:.0f} GiB, as large as the copy probe's "
+                f"buffer) / {bw / 1e12:.1f} TB/s, against a launch of a few us", f"{gemv / bw * 1e3:.2f} ms a GEMV: "
+                "a launch is a few percent of it at most, so the share is the kernel's own"))
     int8 = roofline.weight_bytes(m7, BF16) / (roofline.counts(m7).n_params * 1)
     out.append(("07", "int8 weights against bf16 at batch 1", "bf16 bytes / int8 bytes (one byte a weight)",
                 f"at most {int8:.2f}x faster (the bench's target: above 1.3x)"))
