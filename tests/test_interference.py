@@ -14,11 +14,11 @@ SHAPE = dict(n_streams=3, stream_tokens=12, long_prompt=60, settle_tokens=4)
 
 
 def test_whole_and_chunked_runs_give_the_streams_the_same_tokens():
-    whole = interference.long_prompt_among_streams(MODEL, **SHAPE, chunked=False)
+    whole = interference.long_prompt_among_streams(MODEL, **SHAPE, chunked_prefill=False)
     chunked = interference.long_prompt_among_streams(MODEL, **SHAPE, max_num_batched_tokens=8)
     assert [r.tokens for r in whole.streams] == [r.tokens for r in chunked.streams]
     assert len(whole.streams) == 3 and whole.long.prompt_len == 60 and len(whole.long.tokens) == 2
-    assert chunked.budget == 8 and not whole.chunked and whole.budget >= CTX
+    assert chunked.budget == 8 and not whole.chunked_prefill and whole.budget >= CTX
     assert all(r.timestamps[SHAPE["settle_tokens"] - 1] <= whole.arrival_s for r in whole.streams)
     t, gaps = chunked.gaps()
     assert len(t) == len(gaps) == 3 * 11 and t == sorted(t)

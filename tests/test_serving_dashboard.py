@@ -123,11 +123,11 @@ def test_the_chunked_switch_and_the_token_budget_reach_the_engine():
     served = dash.run()
     assert calls[-1]["max_num_batched_tokens"] == 16 and served is not None
     assert max(row["decode_tokens"] + row["prefill_tokens"] for row in served.timeline) <= 16
-    dash.chunked.value = False
+    dash.chunked_prefill.value = False
     assert dash.budget.disabled
     dash.run()
     assert calls[-1] == {"prefix_caching": True, "chunked_prefill": False}
-    dash.slots.value, dash.chunked.value = 32, True            # a budget below the batch: the engine's error, shown
+    dash.slots.value, dash.chunked_prefill.value = 32, True            # a budget below the batch: the engine's error, shown
     assert dash.run() is None and "smaller than max_batch_size=32" in dash.status.value
     assert budget_options(96) == [16, 32, 64, 128, 256, 512, 1024, 2048]
     assert budget_options(4096)[-1] == 4096

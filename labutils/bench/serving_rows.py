@@ -84,7 +84,7 @@ def chunked_vs_whole_prefill_itl(s: BenchSettings) -> BenchRow:
     run(max_num_batched_tokens=budget)                     # warm-up, untimed
     for _ in range(s.rounds):
         for chunked in runs:
-            runs[chunked].append(run(chunked=chunked, max_num_batched_tokens=budget if chunked else None))
+            runs[chunked].append(run(chunked_prefill=chunked, max_num_batched_tokens=budget if chunked else None))
     longest = {c: statistics.median(r.longest_gap_s for r in v) for c, v in runs.items()}
     p99 = {c: statistics.median(r.summary.itl_s.p99 for r in v) for c, v in runs.items()}
     same = all(a.tokens == b.tokens for a, b in zip(runs[True][-1].streams, runs[False][-1].streams))

@@ -78,7 +78,7 @@ class Engine:
         self.blocks = BlockManager(n_blocks, block_size, prefix_caching=prefix_caching, budget_blocks=budget)
         self.cache = PagedKVCache(self.config, block_size, n_blocks, self.device, self.dtype)
         self.scheduler = Scheduler(self.blocks, max_batch_size, self.max_num_batched_tokens,
-                                   chunked=chunked_prefill, mode=mode)
+                                   chunked_prefill=chunked_prefill, mode=mode)
         self.finished: list[RequestResult] = []     # results of the current (or last) workload
         self.timeline: list[dict] = []              # one row per step: time, batch, queue, blocks
         self.wall_s = 0.0                           # the last workload's duration: start to the end of its last step
@@ -91,17 +91,17 @@ class Engine:
         self.token_rows = 0                         # token rows the model computed, over every forward
 
     @staticmethod
-    def _check_budget(budget, max_batch_size: int, chunked: bool, ctx: int) -> int:
+    def _check_budget(budget, max_batch_size: int, chunked_prefill: bool, ctx: int) -> int:
         """The token budget per step: vLLM's defaults, and its two rules (one token per running request fits;
         without chunking, so does a whole prompt)."""
         if budget is None:
-            return max(DEFAULT_BATCHED_TOKENS, max_batch_size, 0 if chunked else ctx)
+            return max(DEFAULT_BATCHED_TOKENS, max_batch_size, 0 if chunked_prefill else ctx)
         budget = check_count("max_num_batched_tokens", budget, 1)
         if budget < max_batch_size:
             raise ValueError(f"max_num_batched_tokens={budget} is smaller than max_batch_size={max_batch_size}: every "
                              "step must fit one token for each running request; raise the budget or lower "
                              "max_batch_size")
-        if not chunked and budget < ctx:
+        if not chunked_prefill and budget < ctx:
             raise ValueError(f"max_num_batched_tokens={budget} is below the context length {ctx}: without chunked "
                              "prefill a whole prompt must fit one step; raise the budget or set chunked_prefill=True")
         return budget

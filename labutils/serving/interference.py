@@ -29,7 +29,7 @@ class Interference:
     long: RequestResult
     arrival_s: float
     wall_s: float
-    chunked: bool
+    chunked_prefill: bool
     budget: int
 
     @property
@@ -50,7 +50,7 @@ class Interference:
 
 
 def long_prompt_among_streams(model, *, n_streams: int = 8, stream_prompt: int = 16, stream_tokens: int = 48,
-                              long_prompt: int = 512, settle_tokens: int = 8, chunked: bool = True,
+                              long_prompt: int = 512, settle_tokens: int = 8, chunked_prefill: bool = True,
                               max_num_batched_tokens: int | None = None, seed: int = 0) -> Interference:
     """`n_streams` requests decode; after `settle_tokens` each, one prompt of `long_prompt` tokens arrives.
 
@@ -64,7 +64,7 @@ def long_prompt_among_streams(model, *, n_streams: int = 8, stream_prompt: int =
     *streams, long = streams_and_long_prompt(vocab, n_streams=n_streams, stream_prompt=stream_prompt,
                                              stream_tokens=stream_tokens, long_prompt=long_prompt, arrival_s=0.0,
                                              seed=seed).requests
-    engine = Engine(model, n_streams + 1, prefix_caching=False, chunked_prefill=chunked,
+    engine = Engine(model, n_streams + 1, prefix_caching=False, chunked_prefill=chunked_prefill,
                     max_num_batched_tokens=max_num_batched_tokens)
     for r in streams:
         engine.submit(r.prompt_ids, r.max_new_tokens)
@@ -75,7 +75,7 @@ def long_prompt_among_streams(model, *, n_streams: int = 8, stream_prompt: int =
     long_id = engine.submit(long.prompt_ids, long.max_new_tokens)
     results = engine.run()
     return Interference([r for r in results if r.id != long_id], results[long_id], arrival, engine.wall_s,
-                        chunked, engine.max_num_batched_tokens)
+                        chunked_prefill, engine.max_num_batched_tokens)
 
 
 @dataclass

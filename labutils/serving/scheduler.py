@@ -15,7 +15,7 @@ class Scheduler:
 
     Each step's plan is {request: tokens}: every running request that is decoding gets its one token
     first; then requests still prefilling, then newcomers from the queue, share what is left of the
-    budget. With `chunked` prefill a prompt takes what is left and continues next step (Sarathi-Serve's
+    budget. With `chunked_prefill` a prompt takes what is left and continues next step (Sarathi-Serve's
     chunked prefill, on by default in vLLM V1); without it a prompt runs whole or waits for a step with
     room for it. continuous: a request joins as soon as a slot, its blocks and budget are free, and
     leaves the moment it finishes. static: a new batch forms only when the whole previous batch has
@@ -25,11 +25,11 @@ class Scheduler:
     """
 
     def __init__(self, blocks: BlockManager, max_batch_size: int, max_num_batched_tokens: int, *,
-                 chunked: bool = True, mode: str = "continuous"):
+                 chunked_prefill: bool = True, mode: str = "continuous"):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {list(MODES)}")
         self.blocks, self.max_batch_size, self.mode = blocks, max_batch_size, mode
-        self.budget, self.chunked = max_num_batched_tokens, chunked
+        self.budget, self.chunked_prefill = max_num_batched_tokens, chunked_prefill
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []          # in the order they joined: the newest is last
         self.preemptions = 0
@@ -74,7 +74,7 @@ class Scheduler:
 
     def _chunk(self, seq: Sequence, left: int) -> int:
         """How many of seq's remaining tokens this step takes: as many as fit when chunked, else all or none."""
-        if self.chunked:
+        if self.chunked_prefill:
             return min(seq.remaining, left)
         return seq.remaining if seq.remaining <= left else 0
 
@@ -90,7 +90,7 @@ class Scheduler:
         seq = self.waiting[0]
         if self._must_wait_for(seq):
             return None
-        if not self.chunked and self.mode != "static":
+        if not self.chunked_prefill and self.mode != "static":
             hits, _ = self.blocks.lookup(seq.tokens)
             if len(seq.tokens) - len(hits) * self.blocks.block_size > left:
                 return None                        # its whole prompt does not fit this step

@@ -81,10 +81,11 @@ class ServingDashboard(w.VBox):
         self.caching = w.Checkbox(value=True, description="prefix caching", indent=False)
         # The token budget per step (lesson 11). Without chunking the engine's own budget holds a whole prompt,
         # so the slider has nothing to say and is greyed out.
-        self.chunked = w.Checkbox(value=True, description="chunked prefill", indent=False)
+        self.chunked_prefill = w.Checkbox(value=True, description="chunked prefill", indent=False)
         self.budget = w.SelectionSlider(options=budget_options(ctx), value=DEFAULT_BATCHED_TOKENS,
                                         description="token budget", style=style, layout=wide)
-        self.chunked.observe(lambda change: setattr(self.budget, "disabled", not change["new"]), names="value")
+        self.chunked_prefill.observe(lambda change: setattr(self.budget, "disabled", not change["new"]),
+                                     names="value")
         self.requests = IntSlider(name="n_requests", value=check_count("n_requests", n_requests), min=1, max=128,
                                   description="requests", style=style, layout=wide)
         self.button = w.Button(description="Run workload", button_style="primary", icon="play",
@@ -95,9 +96,9 @@ class ServingDashboard(w.VBox):
         self.served: Served | None = None
         self.button.on_click(lambda _: self.run())
         controls = w.HBox([w.VBox([self.rate, self.slots, self.requests, self.budget, self.caching]),
-                           w.VBox([self.prompt, self.output, self.prefix, self.at_once, self.chunked])])
+                           w.VBox([self.prompt, self.output, self.prefix, self.at_once, self.chunked_prefill])])
         for control in (self.rate, self.at_once, self.slots, self.prompt, self.output, self.prefix, self.caching,
-                        self.chunked, self.budget, self.requests):
+                        self.chunked_prefill, self.budget, self.requests):
             control.observe(lambda _: self._stale(), names="value")
         super().__init__([w.HTML(f"<style>.{STALE}, .{BUSY} {{opacity: 0.4}}</style>"), controls,
                           w.HBox([self.button, self.progress, self.status]), self.meters, self.fig])
@@ -122,7 +123,7 @@ class ServingDashboard(w.VBox):
         """The Engine settings the controls give. Without chunking the budget must hold a whole context, so the
         engine's own default (vLLM's rule) stands in; a budget below the batch slots is the engine's error."""
         options = dict(prefix_caching=self.caching.value)
-        if not self.chunked.value:
+        if not self.chunked_prefill.value:
             return dict(options, chunked_prefill=False)
         return dict(options, max_num_batched_tokens=self.budget.value)
 
