@@ -244,13 +244,12 @@ def measure_requests(preset: str, settings, batch: int = 1, dtype: str = "fp32",
         ids = [random_ids(model.config.vocab_size, (batch, p), seed) for p, _ in settings]
         generate(model, ids[0][:, :min(settings[0][0], 16)], 2)     # warm this batch size up, untimed
         total = rounds * sum(n for _, n in settings)
-        bar, done = Steps(total if progress_desc else 0, progress_desc), [0]
+        bar = Steps(total if progress_desc else 0, progress_desc)
 
         def token(text: str) -> None:
-            bar.step(text)
-            done[0] += 1
+            bar.step(text)                                          # bar.count counts, with or without a bar shown
             if on_token is not None:
-                on_token(done[0], total)
+                on_token(bar.count, total)
 
         runs = [[] for _ in settings]
         with quiet.watch():                                         # one line if others were busy meanwhile

@@ -338,14 +338,13 @@ def run_workload(engine: Engine, workload: Workload, progress_desc: str = "",
     if engine.busy:
         raise RuntimeError("the engine is still serving an earlier workload; call run() first")
     ids = [engine.submit(r.prompt_ids, r.max_new_tokens, r.arrival_s, r.eos_id, **r.sampling) for r in workload]
-    bar, finished = Steps(len(ids) if progress_desc else 0, progress_desc), []
+    bar = Steps(len(ids) if progress_desc else 0, progress_desc)
 
     def step(done):
         for _ in done:
-            bar.step("requests finished")
-        finished.extend(done)
+            bar.step("requests finished")          # bar.count counts them, with or without a bar shown
         if done and on_finished is not None:
-            on_finished(len(finished), len(ids))
+            on_finished(bar.count, len(ids))
 
     with quiet.watch():                         # one line if other processes were busy meanwhile
         by_id = {r.id: r for r in engine.run(on_step=step)}

@@ -79,11 +79,11 @@ class KVCalculator(w.VBox):
     def __init__(self, preset: str = "llama-2-7b", context: int = 4096, batch: int = 1, dtype: str = "fp16"):
         shape = get_shape(preset)      # an unknown name fails here, loudly, before any widget exists
         style, wide = {"description_width": "90px"}, w.Layout(width="420px")
-        self.preset = w.Dropdown(options=list(PRESETS), value=preset, description="model", style=style,
-                                 layout=wide)
+        self.preset = w.Dropdown(options=list(PRESETS), value=preset, description="model", style=style, layout=wide)
         # The slider ends at the model's own context: past it, every setting only said "not possible".
         self.context = IntSlider(name="context", value=check_count("context", context), min=1,
-                                 max=shape.context_length, step=1, description="context", continuous_update=False, style=style, layout=wide)
+                                 max=shape.context_length, step=1, description="context", continuous_update=False,
+                                 style=style, layout=wide)
         self.batch = IntSlider(name="batch", value=check_count("batch", batch), min=1, max=256, description="batch",
                                continuous_update=False, style=style, layout=wide)
         self.dtype = w.ToggleButtons(options=list(CACHE_DTYPES), value=check_choice("dtype", dtype, CACHE_DTYPES),
