@@ -8,8 +8,9 @@ import dataclasses
 
 import torch
 
-from labutils.core.validate import (DEVICE_KINDS, DoesNotFitError, check_count, check_device, parse_dtype,
-                                    describe)
+from labutils.core.validate import (DEVICE_KINDS, DoesNotFitError, check_cache, check_count, check_device,
+                                    describe, parse_dtype)
+from labutils.model.kernels.attention import attention
 
 
 def cache_args(config, batch_size, max_len, device, dtype):
@@ -75,6 +76,13 @@ class KVBuffers:
                 raise
             raise DoesNotFitError(does_not_fit(config, batch_size, max_len, device, dtype)) from None
 
+    def check(self, model, ids: torch.Tensor) -> None:
+        """model.cache.Cache's check: built for this model (layers, heads, dtype, device), ids in its vocab, and
+        room for them. It reads `pos`, a host sync for a static cache: once per request, never per token."""
+        check_cache(self, model)
+        model.check_ids(ids, int(self.pos))
+        self.check_fits(ids.shape[0], ids.shape[1])
+
     @property
     def nbytes(self) -> int:
         """Bytes of both buffers: roofline.kv_cache_bytes(config, max_len, batch_size, dtype), every position kept."""
@@ -102,9 +110,6 @@ class KVCache(KVBuffers):
     Static shapes, written in place: nothing is allocated while decoding, which is what later
     makes CUDA graphs possible. `pos` counts the positions already written.
     """
-
-    # update() hands back only the written prefix, so attention masks by offset (cache.pos), not by a mask.
-    mask = None
 
     def __init__(self, config, batch_size: int = 1, max_len: int | None = None,
                  device=None, dtype=torch.float32):
@@ -143,6 +148,13 @@ class KVCache(KVBuffers):
         self.k[layer, :, :, self.pos:end] = k
         self.v[layer, :, :, self.pos:end] = v
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str) -> torch.Tensor:
+        """model.cache.Cache's attend: write k, v at pos, then q over the written prefix, causal by offset (the new
+        queries sit at pos onwards; no mask is built, the slice grows each step)."""
+        offset = self.pos
+        keys, values = self.update(layer, k, v)
+        return attention(q, keys, values, q_offset=offset, impl=impl)
 
     def advance(self, n: int) -> None:
         """Called once per forward, after every layer has written its entries."""

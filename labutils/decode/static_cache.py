@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from labutils.decode.kvcache import KVBuffers, cache_args
+from labutils.model.kernels.attention import attention
 
 
 class StaticKVCache(KVBuffers):
@@ -53,6 +54,12 @@ class StaticKVCache(KVBuffers):
         self.k[layer].index_copy_(2, self._write_at, k)
         self.v[layer].index_copy_(2, self._write_at, v)
         return self.k[layer], self.v[layer]
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str) -> torch.Tensor:
+        """model.cache.Cache's attend: write k, v at begin()'s positions, then q over the whole buffer, begin()'s
+        mask hiding the keys not written yet (the same shapes every step, so a graph can replay it)."""
+        keys, values = self.update(layer, k, v)
+        return attention(q, keys, values, impl=impl, mask=self.mask)
 
     def advance(self, n: int) -> None:
         """Called once per forward, after every layer: `pos += n` on the device, with no host check."""

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from labutils.model.kernels import attention
 from labutils.model.presets import get_shape
-from labutils.core.validate import check_cache, check_choice, check_count, check_flag, check_token_ids
+from labutils.core.validate import check_choice, check_count, check_flag, check_token_ids, describe
+from labutils.model.cache import Cache
 
 
 @dataclass(frozen=True)
@@ -161,18 +162,10 @@ class CausalSelfAttention(nn.Module):
             pos = torch.arange(T, device=x.device) if pos is None else pos
             cos, sin = rope_angles(pos, self.head_dim, q.dtype)          # once for q and k
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        if cache is not None and hasattr(cache, "attend"):
-            # A packed batch (serving.paged_cache): many requests end to end, each attending to its own blocks.
-            y = cache.attend(self.layer_idx, q, k, v, self.impl)
+        if cache is None:
+            y = attention(q, k, v, impl=self.impl)                      # causal over this forward's tokens
         else:
-            q_offset, mask = 0, None
-            if cache is not None:
-                # KVCache returns the written prefix (mask None: causal by offset); a static cache returns
-                # its whole buffer and the mask of the keys written so far (labutils.decode.static_cache).
-                mask = cache.mask
-                q_offset = cache.pos if mask is None else 0
-                k, v = cache.update(self.layer_idx, k, v)   # now every key and value so far
-            y = attention(q, k, v, q_offset=q_offset, impl=self.impl, mask=mask)
+            y = cache.attend(self.layer_idx, q, k, v, self.impl)       # the cache stores k, v, then attends
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
 
@@ -294,12 +287,11 @@ class GPT(nn.Module):
 
     def forward(self, ids: torch.Tensor, cache=None, *, check: bool = True, last_only: bool = False,
                 logits_at: torch.Tensor | None = None) -> torch.Tensor:
-        """ids [batch, seq] -> logits [batch, seq, vocab]. With a cache, ids continue from cache.pos.
+        """ids [batch, seq] -> logits [batch, seq, vocab]. With a cache, ids continue where it left off.
 
-        A cache is anything with begin(n) -> positions, update(layer, k, v) -> (keys, values), a
-        `mask` (None, or [n, keys] bool), advance(n), pos and check_fits: kvcache.KVCache and
-        static_cache.StaticKVCache both are. serving.paged_cache.PackedBatch lays many requests end to end in
-        one row ([1, n], a position per token) and attends itself (`attend`), each request to its own keys.
+        A cache is a model.cache.Cache: check, begin, attend, advance. decode.kvcache.KVCache,
+        decode.static_cache.StaticKVCache and serving.paged_cache.PackedBatch (many requests end to end in one
+        row, [1, n], a position per token, each attending to its own keys) all are.
 
         `check=False` skips input validation (a host sync); decode_step feeds the model's own
         argmax, which is always in range. `last_only=True` returns logits for the last position
@@ -309,15 +301,16 @@ class GPT(nn.Module):
         logits only, [1, len(logits_at), vocab]: a packed batch needs each finished request's last token.
         """
         if check:
-            if cache is not None:
-                check_cache(cache, self)     # what it is, layers, heads, dtype, device: once per request, not per step
-            # int(): a static cache keeps pos on the device; reading it is a host sync, like check_ids.
-            self.check_ids(ids, int(cache.pos) if cache is not None else 0)
-            if cache is not None:
-                cache.check_fits(ids.shape[0], ids.shape[1])
+            if cache is None:
+                self.check_ids(ids)
+            elif isinstance(cache, Cache):
+                cache.check(self, ids)       # what it is, layers, heads, dtype, device, room: once per request
+            else:
+                raise TypeError(f"cache must be a KVCache (or StaticKVCache) built for the model, got "
+                                f"{describe(cache)}; make one with KVCache(model.config, batch_size, max_len)")
         T = ids.shape[1]
-        # The cache says where the new tokens sit: a Python int for KVCache, a device tensor for a
-        # static cache (so a captured CUDA graph reads the position instead of baking it in).
+        # The cache says where the new tokens sit: a range from a Python int for KVCache, from a device tensor
+        # for a static cache (so a captured CUDA graph reads the position instead of baking it in).
         pos = torch.arange(T, device=ids.device) if cache is None else cache.begin(T)
         x = self.tok_emb(ids)
         if self.pos_emb is not None:

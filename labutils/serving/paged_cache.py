@@ -9,7 +9,7 @@ from labutils.core import fake_cuda
 from labutils.model.kernels.attention import attention
 from labutils.model.kernels.paged import gather_blocks, paged_mask
 from labutils.perf.roofline import kv_bytes_per_token
-from labutils.core.validate import check_count
+from labutils.core.validate import check_count, check_token_ids
 
 
 class PagedKVCache:
@@ -107,7 +107,7 @@ class Row(NamedTuple):
 
 
 class PackedBatch:
-    """One forward's view of the pool, with the cache interface GPT.forward expects (see GPT.forward).
+    """One forward's view of the pool: a model.cache.Cache, the interface GPT.forward expects.
 
     Packed, not padded, as vLLM lays out a step: every scheduled token of every request sits end to end in one
     flat batch [1, N], so the linear layers compute exactly N token rows. Each token keeps its own position
@@ -133,8 +133,6 @@ class PackedBatch:
         self.n_decode = next((i for i, r in enumerate(rows) if r.n > 1), len(rows))
         if any(r.n == 1 for r in rows[self.n_decode:]):
             raise ValueError("a packed batch takes its one-token rows first, then the longer ones")
-        self.pos = None          # no single position: GPT.forward's checks are skipped (check=False)
-        self.mask = None
         # Every index this forward needs, built on the host and sent in one copy (pinned, asynchronous on a GPU):
         # per token its position and its slot; the decode rows' tables padded with one of their own blocks (a valid
         # slot to read, always masked out); each prefill chunk's table up to its last position.
@@ -175,6 +173,12 @@ class PackedBatch:
         if (batch_size, n_new) != (1, self.n_tokens):
             raise ValueError(f"this packed batch was planned for 1 row x {self.n_tokens} tokens, got {batch_size} x {n_new}")
 
+    def check(self, model, ids: torch.Tensor) -> None:
+        """model.cache.Cache's check: ids in the vocab, one row of the planned length (positions were checked
+        against the block tables when the batch was made). The engine's forwards skip it (check=False)."""
+        check_token_ids("ids", ids, model.config.vocab_size)
+        self.check_fits(ids.shape[0], ids.shape[1])
+
     def begin(self, n_new: int) -> torch.Tensor:
         """Positions [n_new] of the packed tokens (one per token, each request's own)."""
         self.check_fits(1, n_new)
@@ -200,7 +204,8 @@ class PackedBatch:
         return torch.cat(out, dim=1)[None]
 
     def advance(self, n: int) -> None:
-        """Nothing to do: the engine moves each request's own position after the forward."""
+        """Nothing to store: each request's position is its own (Sequence.n_computed), and the scheduler moves it
+        after the step (Scheduler.postprocess)."""
 
 
 __all__ = ["PackedBatch", "PagedKVCache", "Row"]
