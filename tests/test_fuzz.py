@@ -866,7 +866,8 @@ def test_a_quiz_observer_never_raises(clicks):
 
 def _device_calls():
     from labutils.decode import quant
-    from labutils.measure import attention_cost
+    from labutils.measure import attention_cost, stages
+    from labutils.model.kernels import causal_mask, sdpa_choice
     from labutils.train import train
     tiny = GPTConfig(vocab_size=16, context_length=8, n_layer=1, n_head=2, n_embd=8)
     tokens = torch.arange(64) % 16
@@ -876,13 +877,20 @@ def _device_calls():
             "synchronize": lambda d: timing.synchronize(d),
             "int8_paths": lambda d: quant.int8_paths(8, 8, device=d, rounds=1, repeats=1),
             "as_batch": lambda d: gen.as_batch([1, 2], d),
-            "train": lambda d: train(tiny, 1, 1, tokens, device=d, show_progress=False)}
+            "train": lambda d: train(tiny, 1, 1, tokens, device=d, show_progress=False),
+            "causal_mask": lambda d: causal_mask(2, 3, device=d),
+            "sdpa_choice": lambda d: sdpa_choice(d),
+            "peak_memory_bytes": lambda d: attention_cost.peak_memory_bytes(lambda: None, d),
+            "profile_ops": lambda d: stages.profile_ops(lambda: None, d),
+            # a device kind, read from a table on any machine: only names torch has no kind for are refused
+            "int8_path": lambda d: quant.int8_path(d, 16),
+            "scale_dtype": lambda d: quant.scale_dtype(d, torch.float32)}
 
 
 DEVICE_CALLS = _device_calls()
 
 
-@settings(FUZZ, max_examples=80)
+@settings(FUZZ, max_examples=120)
 @given(which=st.sampled_from(list(DEVICE_CALLS)), device=bad_devices)
 def test_a_device_torch_cannot_use_is_refused_by_the_course(which, device):
     """make_qkv(8, device="cuda") on a machine without CUDA used to say torch's "Torch not compiled with CUDA

@@ -213,19 +213,24 @@ def _kinds_text(kinds) -> str:
     return ", ".join(best_first[:-1]) + f" or {best_first[-1]}"
 
 
-def check_device(name: str, value, kinds=DEVICE_KINDS) -> torch.device:
+def check_device(name: str, value, kinds=DEVICE_KINDS, *, here: bool = True) -> torch.device:
     """A device this machine has: "cpu", "cuda", "cuda:N", "mps" or a torch.device; returns the torch.device.
 
-    `kinds` may add "meta" (shapes without memory) where that makes sense.
+    `kinds` may add "meta" (shapes without memory) where that makes sense. here=False parses a device kind
+    without asking whether this machine has one (a kernel table keyed by kind: int8's "mps" row is read on a CPU);
+    kinds=None takes any kind torch names, for a table that says itself which of them it serves.
     """
     if not isinstance(value, (str, torch.device)):
         raise TypeError(f"{name} must be a device name such as 'cpu' or 'cuda', got {describe(value)}")
+    shown = _kinds_text(kinds or DEVICE_KINDS)
     try:
         device = torch.device(value)
     except (RuntimeError, ValueError):
-        raise ValueError(f"unknown {name} {value!r}; choose {_kinds_text(kinds)}") from None
-    if device.type not in kinds:
-        raise ValueError(f"unknown {name} {value!r}; choose {_kinds_text(kinds)}")
+        raise ValueError(f"unknown {name} {value!r}; choose {shown}") from None
+    if kinds is not None and device.type not in kinds:
+        raise ValueError(f"unknown {name} {value!r}; choose {shown}")
+    if not here:
+        return device
     if device.type != "meta" and not device_available(device.type):
         why = (f"this torch ({torch.__version__}) sees no CUDA GPU" if device.type == "cuda"
                else "this machine has no Apple GPU" if device.type == "mps" else "")

@@ -55,9 +55,17 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def _kind(device) -> str:
+    """The device kind ("cpu", "cuda", "mps", "meta") of a name or torch.device, parsed by the course's device rule.
+
+    A kind, not this machine's device: the kernel table's mps row is read on a machine without one, and a kind torch
+    knows but the table lacks ("xpu") gets the table's own message."""
+    return check_device("device", device, None, here=False).type
+
+
 def check_supported(device, dtype: torch.dtype) -> None:
     """Refuse a device or model dtype that Int8Linear has no kernel for, naming the ones it has."""
-    kind = torch.device(device).type         # a kind, not this machine's device: mps is checked where there is none
+    kind = _kind(device)
     if kind not in SUPPORTED:
         raise ValueError(f"int8 weights run on {list(SUPPORTED)}, not {kind!r}; move the model with "
                          "model.to('cpu') (or 'cuda') before quantize_(model)")
@@ -69,7 +77,7 @@ def check_supported(device, dtype: torch.dtype) -> None:
 
 def scale_dtype(device, dtype: torch.dtype) -> torch.dtype:
     """The dtype the scales are stored in: the one the kernel multiplies by, so no per-call cast."""
-    return torch.bfloat16 if torch.device(device).type == "cpu" else dtype
+    return torch.bfloat16 if _kind(device) == "cpu" else dtype
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,7 +174,7 @@ def int8_path(device, n_in: int) -> str:
     cores; `int8_paths(device="cuda")` measures it beside the others.) mps: the dequantize-matmul, eager
     (FALLBACK says why).
     """
-    kind = torch.device(device).type
+    kind = _kind(device)
     if kind == "cpu":
         return "int8pack_bf16" if n_in % PACK_N_IN_MULTIPLE == 0 else "dequant_bf16"
     if kind == "cuda":

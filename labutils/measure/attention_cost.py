@@ -75,7 +75,7 @@ def peak_memory_bytes(fn, device) -> tuple[int | None, str]:
     CUDA: the caching allocator's own peak counter. CPU: every allocation and free that
     torch.profiler records, replayed in time order. Elsewhere (MPS) there is no peak counter: None.
     """
-    device = torch.device(device)
+    device = check_device("device", device)
     if device.type == "cuda":
         synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)

@@ -14,7 +14,7 @@ from labutils.perf import quiet, roofline, timing
 from labutils.measure.attention_cost import _quiet_stderr
 from labutils.decode.fastgen import STAGES, FastDecoder, decoder_for
 from labutils.decode.loop import GenerationResult, check_request, generate
-from labutils.core.validate import check_count, model_device
+from labutils.core.validate import check_count, check_device, model_device
 
 # The bars of lesson 08's chart: lesson 05's generate(), then one overhead removed per stage.
 LADDER = ("generate", *STAGES)
@@ -198,7 +198,7 @@ def profile_ops(fn: Callable[[], object], device: torch.device | str = "cpu") ->
     The profiler backend's start/stop lines on stderr are hidden.
     """
     from torch.profiler import ProfilerActivity, profile
-    device = torch.device(device)
+    device = check_device("device", device)
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with _quiet_stderr(), torch.inference_mode(), profile(activities=activities) as prof:

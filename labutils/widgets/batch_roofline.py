@@ -28,7 +28,7 @@ class BatchRoofline(w.VBox):
 
     def __init__(self, device=None, preset: str = "gpt2-small", dtype: str | None = None, pos: int = 128,
                  points=(), peaks=None, measure_fn=measure.roofline_point):
-        self.device = str(pick_device(device) if device is None or isinstance(device, str) else device)
+        self.device = str(pick_device(device))     # None: the best there is; anything else parsed by the device rule
         self.preset, self.pos = preset, pos
         self.dtype = dtype or measure.default_dtype_name(self.device)
         self._measure = measure_fn

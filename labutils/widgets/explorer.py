@@ -42,7 +42,7 @@ class Explorer(w.VBox):
 
     def __init__(self, device=None, preset: str | None = None, prompt_len: int = 128, new_tokens: int = 32,
                  batch: int = 1, dtype: str | None = None, measure_fn=measure.measure_request):
-        device = str(pick_device(device) if device is None or isinstance(device, str) else device)
+        device = str(pick_device(device))          # None: the best there is; anything else parsed by the device rule
         self._measure = measure_fn
         self.results: dict[tuple, dict] = {}      # settings -> row
         self.busy: dict[tuple, str] = {}          # settings -> labutils.perf.quiet's warning, when others were busy

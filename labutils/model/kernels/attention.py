@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from labutils.core.validate import DEVICE_KINDS, check_count, check_device
+
 # On CUDA the course chooses SDPA's kernels itself, in this order, instead of leaving it to torch's heuristic.
 # Recent torch prefers cuDNN's attention on Hopper, and cuDNN builds a new plan for every new sequence length: a
 # decode loop with a growing cache meets a new length at every step, and on an H200 those rebuilds took 548 of
@@ -26,6 +28,13 @@ CUDA_SDPA_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION
 
 def causal_mask(tq: int, tk: int, q_offset: int = 0, device=None) -> torch.Tensor:
     """[tq, tk] bool, True where query i (absolute position q_offset+i) may attend to key j."""
+    tq, tk, q_offset = check_count("tq", tq), check_count("tk", tk), check_count("q_offset", q_offset)
+    device = None if device is None else check_device("device", device, (*DEVICE_KINDS, "meta"))
+    return _causal_mask(tq, tk, q_offset, device)
+
+
+def _causal_mask(tq: int, tk: int, q_offset: int, device: torch.device) -> torch.Tensor:
+    """causal_mask for the kernels, which pass their tensors' shapes and device as they are."""
     rows = torch.arange(tq, device=device)[:, None] + q_offset
     cols = torch.arange(tk, device=device)[None, :]
     return cols <= rows
@@ -55,7 +64,7 @@ def attention_weights(q, k, q_offset: int = 0, mask: torch.Tensor | None = None)
     if k.shape[1] != q.shape[1]:
         k = k.repeat_interleave(_group(q, k), dim=1)
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
-    allowed = causal_mask(q.shape[-2], k.shape[-2], q_offset, q.device) if mask is None else mask
+    allowed = _causal_mask(q.shape[-2], k.shape[-2], q_offset, q.device) if mask is None else mask
     scores = scores.masked_fill(~allowed, float("-inf"))
     return torch.softmax(scores, dim=-1)
 
@@ -80,7 +89,7 @@ def sdpa(q, k, v, **kwargs) -> torch.Tensor:
 
 def sdpa_choice(device) -> str:
     """The SDPA kernels the course allows on `device`, in its order, in words (lesson 03 prints it)."""
-    if torch.device(device).type != "cuda":
+    if check_device("device", device).type != "cuda":
         return "PyTorch's own pick (the course chooses only on CUDA)"
     names = {SDPBackend.FLASH_ATTENTION: "flash", SDPBackend.EFFICIENT_ATTENTION: "memory-efficient",
              SDPBackend.MATH: "math"}
@@ -124,7 +133,7 @@ def sdpa_attention(q, k, v, q_offset: int = 0, mask: torch.Tensor | None = None)
     if q_offset == 0 and tq == tk:
         return sdpa(q, k, v, is_causal=True, enable_gqa=gqa)
     # is_causal aligns the mask top-left, which is wrong for an offset query block: pass it explicitly.
-    return _groupedsdpa(q, k, v, causal_mask(tq, tk, q_offset, q.device))
+    return _groupedsdpa(q, k, v, _causal_mask(tq, tk, q_offset, q.device))
 
 
 ATTENTION_IMPLS = {"naive": naive_attention, "sdpa": sdpa_attention}

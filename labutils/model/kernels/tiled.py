@@ -13,7 +13,7 @@ import math
 import torch
 
 from labutils.core.validate import check_count, check_flag
-from labutils.model.kernels.attention import _repeat_kv, causal_mask
+from labutils.model.kernels.attention import _causal_mask, _repeat_kv
 
 
 def tile_is_masked(q_start: int, q_stop: int, k_start: int, q_offset: int = 0) -> bool:
@@ -82,7 +82,7 @@ def tiled_attention(q, k, v, *, causal: bool = True, block_q: int = 64, block_k:
             ke = min(ks + block_k, tk)
             s = q_tile @ k[..., ks:ke, :].transpose(-2, -1)     # [B, H, block_q, block_k]: the only scores alive
             if causal and ke - 1 > q_offset + qs:              # the tile crosses the diagonal: mask inside it
-                s = s.masked_fill(~causal_mask(qe - qs, ke - ks, q_offset + qs - ks, q.device), float("-inf"))
+                s = s.masked_fill(~_causal_mask(qe - qs, ke - ks, q_offset + qs - ks, q.device), float("-inf"))
             # Key 0 is visible to every query and comes first, so m is finite from the first tile on.
             m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
             p = torch.exp(s - m_new)
