@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from labutils.model.checkpoints import DATA_DIR, load_checkpoint, save_checkpoint
 from labutils.model.gpt import GPT, GPTConfig
-from labutils.core.validate import check_count, check_device, check_number, check_seed
+from labutils.core.validate import check_count, check_device, check_model, check_number, check_seed, describe
 from labutils.text.dataset import course_tokens
 from labutils.model.loss import heldout_loss, unigram_loss
 
@@ -119,6 +119,9 @@ def train(config: GPTConfig, steps: int, batch_size: int, tokens: torch.Tensor |
     tokens defaults to the course's training split. progress(step, loss) is called after every
     step (e.g. to update a live plot). Returns the model (in eval mode) and the loss of each step.
     """
+    if not isinstance(config, GPTConfig):
+        raise TypeError(f"config must be a GPTConfig, got {describe(config)}; use GPTConfig.preset(name) or "
+                        "draft_config()")
     for name, value in (("steps", steps), ("batch_size", batch_size)):
         check_count(name, value, 1)
     device, seed = check_device("device", device), check_seed(seed)      # parsed once, here, by the course
@@ -194,7 +197,7 @@ def round_to_bf16(model: GPT) -> GPT:
     """Round every weight to bf16 and back: what the bf16 checkpoint file holds, so the metrics
     measured afterwards are the metrics of the model a lesson loads."""
     with torch.no_grad():
-        for p in model.parameters():
+        for p in check_model("model", model).parameters():
             p.copy_(p.to(torch.bfloat16).float())
     return model
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import labutils
@@ -904,3 +904,53 @@ def test_train_refuses_a_negative_seed_or_decay(kwargs, name):
     cfg = GPTConfig(vocab_size=16, context_length=8, n_layer=1, n_head=2, n_embd=8)
     with pytest.raises(ValueError, match=name):
         train(cfg, 1, 1, torch.arange(64) % 16, show_progress=False, **kwargs)
+
+
+# ---- a name, a number or a model without weights where a model (or another object) goes (issue 29 §5) ----------------
+
+def _meta_model():
+    with torch.device("meta"):                      # shapes, no values: what a model looks like before build() fills it
+        return GPT(SMALL).eval()
+
+
+def _object_calls():
+    """(the call given the junk, the names its refusal may use) for each public call that takes a course object."""
+    from labutils.decode import quant
+    from labutils.decode.loop import generate
+    from labutils.figures.roofline import roofline_figure
+    from labutils.measure import attention_cost, kv_timing, stages
+    from labutils.train import round_to_bf16, train
+    from labutils.widgets.token_viewer import TokenViewer
+    ids = torch.tensor([[1, 2, 3]])
+    return {"generate": (lambda j: generate(j, ids, 2), ["model"]),
+            "time_pass": (lambda j: measure.time_pass(j, "decode", 1), ["model"]),
+            "step_cost_ms": (lambda j: kv_timing.step_cost_ms(j, [2], repeats=1), ["model"]),
+            "time_ladder": (lambda j: stages.time_ladder(j, ids, 2, stages=("generate",), rounds=1), ["model"]),
+            "time_requests": (lambda j: stages.time_requests(j, rounds=1), ["requests"]),
+            "ladder_figure": (lambda j: stages.ladder_figure(j), ["runs"]),
+            "quantize_": (lambda j: quant.quantize_(j), ["model", "meta"]),
+            "is_quantized": (lambda j: quant.is_quantized(j), ["model"]),
+            "compare": (lambda j: quant.compare(j), ["model"]),
+            "dequantize": (lambda j: quant.dequantize(j, torch.ones(2)), ["q"]),
+            "train": (lambda j: train(j, 1, 1, torch.arange(64) % 16, show_progress=False), ["config"]),
+            "round_to_bf16": (lambda j: round_to_bf16(j), ["model"]),
+            "skeleton_config": (lambda j: measure.skeleton_config(j), ["cfg"]),
+            "sdpa_kernel_name": (lambda j: attention_cost.sdpa_kernel_name(j, j, j), ["q"]),
+            "roofline_figure": (lambda j: roofline_figure(j), ["peaks"]),
+            "TokenViewer": (lambda j: TokenViewer(j), ["encoding"])}
+
+
+OBJECT_CALLS = _object_calls()
+META_MODEL = _meta_model()
+
+
+@settings(FUZZ, max_examples=80)
+@given(which=st.sampled_from(list(OBJECT_CALLS)),
+       value=st.one_of(st.sampled_from(["model", "gpt2-small", 123, 0.5, META_MODEL]),
+                       junk.filter(lambda v: not isinstance(v, str) or v not in tokenizer.ENCODING_NAMES)))
+def test_a_name_or_number_where_an_object_goes_is_refused_by_name(which, value):
+    """serving_dashboard("model") and load_checkpoint(123) raised a raw AttributeError from deep inside; so did every
+    call here, and a model still on the meta device said torch's "Cannot copy out of meta tensor"."""
+    assume(not (which == "is_quantized" and value is META_MODEL))      # a question about module types: shapes suffice
+    call, names = OBJECT_CALLS[which]
+    assert outcome(f"object: {which}", lambda: call(value), names) is None

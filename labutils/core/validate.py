@@ -267,6 +267,22 @@ def check_token_ids(name: str, ids, vocab_size: int, context_length: int | None 
                          f"{context_length}; shorten the prompt or the output")
 
 
+def check_model(name: str, model, *, weights: bool = True):
+    """A course model (labutils.model.GPT, or an nn.Module with a .config as one): refuse a name, a path or a number
+    in its place before any attribute is read. weights=True (anything that runs the model) also refuses a model laid
+    out on the meta device, which has shapes and no values; counting bytes and FLOPs (roofline) needs only shapes."""
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+        way_out = (" (a preset name: build it with labutils.model.build(GPTConfig.preset(name)); a checkpoint: "
+                   "labutils.model.load_checkpoint(path))" if isinstance(model, (str, os.PathLike)) else "")
+        raise TypeError(f"{name} must be a GPT model (labutils.model.GPT), got {describe(model)}{way_out}")
+    if weights:
+        first = next(model.parameters(), None)
+        if first is not None and first.device.type == "meta":
+            raise ValueError(f"the {name}'s weights are on the meta device (shapes without values), so it cannot run; "
+                             "build it with labutils.model.build or load weights (labutils.model.load_checkpoint)")
+    return model
+
+
 def model_dtype(model) -> torch.dtype:
     """The dtype a model's activations (and so its KV cache) are in: its final norm's, which int8 leaves alone."""
     norm = getattr(model, "ln_f", None)
@@ -275,7 +291,8 @@ def model_dtype(model) -> torch.dtype:
 
 
 def model_device(model) -> torch.device:
-    return next(model.parameters()).device
+    """The device a model runs on; a model that cannot run (not a model, weights on meta) is refused (check_model)."""
+    return next(check_model("model", model).parameters()).device
 
 
 def check_cache(cache, model) -> None:
@@ -338,6 +355,6 @@ def check_timestamps(name: str, timestamps) -> list[float]:
 
 
 __all__ = ["DEVICE_KINDS", "DeviceUnavailableError", "DoesNotFitError", "check_cache", "check_choice", "check_count",
-           "check_device", "check_dtype", "check_flag", "check_number", "check_positive", "check_probability",
-           "check_row", "check_seed", "check_temperature", "check_timestamps", "check_token_ids", "parse_dtype", "describe",
-           "device_available", "model_device", "model_dtype"]
+           "check_device", "check_dtype", "check_flag", "check_model", "check_number", "check_path", "check_positive",
+           "check_probability", "check_row", "check_seed", "check_temperature", "check_timestamps", "check_token_ids",
+           "parse_dtype", "describe", "device_available", "model_device", "model_dtype"]

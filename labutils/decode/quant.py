@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from labutils.core import fake_cuda
 from labutils.perf import roofline, timing
-from labutils.core.validate import check_count, check_device
+from labutils.core.validate import check_count, check_device, describe, model_device
 
 # Model dtypes Int8Linear can serve, per device type. The CPU kernel computes in bf16 either way;
 # fp16 activations take its untuned path there, so an fp16 model must be cast to fp32 or bf16 first.
@@ -110,6 +110,12 @@ def quantize_per_channel(w: torch.Tensor, scales_dtype: torch.dtype = torch.floa
 
 def dequantize(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """q [n_out, n_in] int8, scales [n_out] -> the float weight they stand for, q * scales[:, None]."""
+    if not isinstance(q, torch.Tensor) or not isinstance(scales, torch.Tensor):
+        raise TypeError(f"dequantize takes the tensors quantize_per_channel returns, q [n_out, n_in] and scales "
+                        f"[n_out], got q {describe(q)}, scales {describe(scales)}")
+    if q.dim() != 2 or scales.shape != q.shape[:1]:
+        raise ValueError(f"q must be [n_out, n_in] and scales [n_out], got q {tuple(q.shape)}, scales "
+                         f"{tuple(scales.shape)}; pass both from one quantize_per_channel(w)")
     return (q.float() * scales.float()[:, None]).to(dtype)
 
 
@@ -255,6 +261,8 @@ class Int8Embedding(nn.Module):
 
 
 def is_quantized(model: nn.Module) -> bool:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module (a GPT), got {describe(model)}")
     return any(isinstance(m, (Int8Linear, Int8Embedding)) for m in model.modules())
 
 
@@ -269,7 +277,7 @@ def quantize_(model: nn.Module) -> nn.Module:
     output layer would store the table twice. A shared int8 table is what both uses then read.
     """
     if not isinstance(model, nn.Module):
-        raise TypeError(f"quantize_ takes an nn.Module, got {type(model).__name__}")
+        raise TypeError(f"quantize_ takes an nn.Module (the model), got {describe(model)}")
     if is_quantized(model):
         raise ValueError("the model already holds int8 layers; quantizing twice would lose precision twice. "
                          "Quantize a fresh float copy, e.g. quantize_(copy.deepcopy(float_model))")
@@ -363,12 +371,12 @@ def compare(model: nn.Module, tokens: torch.Tensor | None = None, *, new_tokens:
     from labutils.decode.loop import generate
     from labutils.text.dataset import course_tokens
     from labutils.model.loss import heldout_loss
+    device = model_device(model)           # a name, a number or a model on meta: refused here, by name
     if is_quantized(model):
         raise ValueError("compare() takes the float model and quantizes a copy; this one is already int8")
     if tokens is None:
         _, tokens = course_tokens()
     int8 = quantize_(copy.deepcopy(model)).eval()
-    device = next(model.parameters()).device
     seq = model.config.context_length
     n_windows = min(logit_windows, (len(tokens) - 1) // seq)
     if n_windows < 1 or len(tokens) < n_prompts * prompt_len:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from labutils.perf import roofline
+from labutils.perf.peaks import check_peaks
 from labutils.figures.hardware import add_log_vline
 from labutils.figures.log_axes import log_axis
 from labutils.figures.request import DECODE_COLOR, MEASURED_COLOR, PREFILL_COLOR
@@ -18,6 +19,7 @@ def roofline_figure(peaks, points=(), specs=()) -> go.Figure:
     Traces: 0 the measured roof, then one dashed roof per spec, then prefill points, decode points and the
     highlighted point (update_points refills the last three).
     """
+    check_peaks(peaks)
     fig = go.Figure()
     fig.add_scatter(x=INTENSITIES, y=[roofline.attainable_flops(i, peaks.flops, peaks.bandwidth_Bps) for i in
                                       INTENSITIES], mode="lines", line=dict(color=MEASURED_COLOR, width=3),

@@ -12,7 +12,7 @@ from labutils.core.devices import is_oom
 from labutils.core.dtypes import dtype_bytes
 from labutils.core.progress_bar import progress
 from labutils.perf.timing import synchronize, time_fn, torch_threads
-from labutils.core.validate import check_count, check_device
+from labutils.core.validate import check_count, check_device, describe
 
 # Standard (unfused) attention moves the [T, T] matrix through main memory four times: QK^T writes
 # the scores S, the softmax reads S and writes the probabilities P, and P @ V reads P. A fused kernel
@@ -112,6 +112,10 @@ def sdpa_kernel_name(q, k, v) -> str:
     chose first that takes them (model.kernels.attention.CUDA_SDPA_BACKENDS), elsewhere PyTorch's pick."""
     from torch.profiler import ProfilerActivity, profile
 
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise TypeError(f"{name} must be a [batch, heads, seq, head_dim] tensor (make_qkv makes q, k, v), "
+                            f"got {describe(t)}")
     with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
         ATTENTION_IMPLS["sdpa"](q, k, v)
         synchronize(q.device)

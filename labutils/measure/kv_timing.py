@@ -7,7 +7,7 @@ from labutils.decode.loop import decode_step, prefill
 from labutils.decode.kvcache import KVCache
 from labutils.core.progress_bar import progress
 from labutils.perf.timing import time_fn, torch_threads
-from labutils.core.validate import check_count, check_device, check_seed
+from labutils.core.validate import check_count, check_device, check_model, check_seed
 from labutils.core.draw import random_ids
 
 
@@ -34,7 +34,7 @@ def step_cost_ms(model, positions, *, device="cpu", repeats: int = 5, threads: i
     makes it see exactly p - 1 earlier tokens. The two kinds alternate at every position, so a slow patch of
     the machine hits both.
     """
-    cfg, device = model.config, check_device("device", device)
+    cfg, device = check_model("model", model).config, check_device("device", device)
     positions = check_positions(positions, cfg.context_length)
     repeats, threads = check_count("repeats", repeats, 1, 1000), check_count("threads", threads, 1, 1024)
     ids = random_ids(cfg.vocab_size, (1, max(positions)), check_seed(seed), device)

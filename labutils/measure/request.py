@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import math
 import statistics
 import warnings
 from collections import OrderedDict
@@ -20,10 +19,11 @@ from labutils.decode.kvcache import KVCache
 from labutils.perf.timing import time_fn
 from labutils.model.build import build
 from labutils.model.gpt import GPT, GPTConfig
-from labutils.perf.peaks import Peaks, measured_peaks
+from labutils.perf.peaks import Peaks, check_peaks, measured_peaks
 from labutils.model.presets import PRESETS
 from labutils.core.progress_bar import Steps
-from labutils.core.validate import check_choice, check_count, check_device, check_seed, parse_dtype
+from labutils.core.validate import (check_choice, check_count, check_device, check_seed, describe, model_device,
+                                    parse_dtype)
 from labutils.core.draw import random_ids
 
 # On a CPU, building a multi-billion-parameter model means minutes of random initialisation,
@@ -226,7 +226,7 @@ def measure_requests(preset: str, settings, batch: int = 1, dtype: str = "fp32",
     device = check_device("device", device)
     given_peaks = peaks is not None
     if given_peaks:
-        _check_peaks(peaks)
+        check_peaks(peaks)
     settings = [tuple(s) for s in settings]
     if not settings or any(len(s) != 2 for s in settings):
         raise ValueError(f"settings must be (prompt_len, new_tokens) pairs, got {settings!r}")
@@ -292,17 +292,6 @@ def _request(model: GPT, prompt: torch.Tensor, new_tokens: int, device: torch.de
     return generate(model, prompt, new_tokens, on_token=on_token)
 
 
-def _check_peaks(peaks) -> None:
-    """Peaks passed in by hand: a Peaks, in bytes/s and FLOP/s (20 GB/s is 20e9, not 20.0)."""
-    if not isinstance(peaks, Peaks):
-        raise TypeError(f"peaks must be a labutils.perf.peaks.Peaks (measured_peaks(device)), got "
-                        f"{type(peaks).__name__}")
-    for name, value, unit in (("bandwidth_Bps", peaks.bandwidth_Bps, "bytes/s"), ("flops", peaks.flops, "FLOP/s")):
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 1e8):
-            raise ValueError(f"peaks.{name}={value!r} is not a plausible peak in {unit}: peaks are in {unit}, so "
-                             f"20 GB/s is 20e9, not 20.0; pass measured_peaks(device)")
-
-
 def _request_row(preset, cfg, prompt_len: int, new_tokens: int, batch: int, dtype: torch.dtype, device, runs,
                  peaks) -> dict:
     """One setting's runs -> measure_request's row: medians of TTFT and TPOT, the median-latency run's timestamps."""
@@ -341,13 +330,13 @@ def time_pass(model: GPT, phase: str, n: int, *, pos: int = 128, repeats: int = 
     and values (zeros neither speed up nor slow down a CPU or GPU matmul noticeably), and nothing has to be
     prefilled first, which at batch 64 would cost more than the step itself.
     """
+    device = model_device(model)                  # a name or a number in the model's place is refused here, by name
     check_choice("phase", phase, ("prefill", "decode"))
     n, pos, repeats = check_count("n", n, 1), check_count("pos", pos, 0), check_count("repeats", repeats, 1)
     batch, T = (1, n) if phase == "prefill" else (n, 1)
     start = 0 if phase == "prefill" else pos
     if start + T > model.config.context_length:
         raise ValueError(f"{start + T} positions exceed the model's context length {model.config.context_length}")
-    device = next(model.parameters()).device
     dtype = model.tok_emb.weight.dtype
     cache = KVCache(model.config, batch, start + T, device=device, dtype=dtype)
     cache.k.zero_()
@@ -384,6 +373,8 @@ SKELETON_HEAD_DIM = 8      # a head 8 wide: every op of the real pass runs, on a
 def skeleton_config(cfg: GPTConfig) -> GPTConfig:
     """`cfg` at toy width: the same layers, heads, norms, positions and ops, each head 8 wide, the MLP four times the
     width, a vocabulary of 256. Llama-2-7B's skeleton holds 0.5% of its bytes, gpt2-small's about 1%."""
+    if not isinstance(cfg, GPTConfig):
+        raise TypeError(f"cfg must be a GPTConfig, got {describe(cfg)}; use GPTConfig.preset(name) or model.config")
     width = cfg.n_head * SKELETON_HEAD_DIM
     return dataclasses.replace(cfg, n_embd=width, n_inner=4 * width, vocab_size=256)
 

@@ -14,7 +14,7 @@ from labutils.perf import quiet, roofline, timing
 from labutils.measure.attention_cost import _quiet_stderr
 from labutils.decode.fastgen import STAGES, FastDecoder, decoder_for
 from labutils.decode.loop import GenerationResult, check_request, generate
-from labutils.core.validate import check_count, check_device, model_device
+from labutils.core.validate import check_count, check_device, describe, model_device
 
 # The bars of lesson 08's chart: lesson 05's generate(), then one overhead removed per stage.
 LADDER = ("generate", *STAGES)
@@ -78,8 +78,13 @@ def time_requests(requests: dict[Hashable, Request], *, rounds: int = 3,
     gets its bandwidth floor and MBU, from roofline, in the model's own dtype.
     """
     rounds = check_count("rounds", rounds, 1)
+    if not isinstance(requests, dict):
+        raise TypeError(f"requests must be a dict of name -> Request, got {describe(requests)}")
     if not requests:
         raise ValueError("no requests to time; pass a dict of name -> Request")
+    wrong = [str(k) for k, r in requests.items() if not isinstance(r, Request)]
+    if wrong:
+        raise TypeError(f"requests {wrong} are not Requests; time Request(model, ids, new_tokens, stage) each")
     runners = {key: _runner(req) for key, req in requests.items()}
     for run, *_ in runners.values():
         run()                                   # warm-up: first-call allocations, lazy init
@@ -113,6 +118,9 @@ def time_ladder(model, ids, new_tokens: int, *, stages=LADDER, rounds: int = 3,
 
 def ladder_figure(runs: dict[Hashable, StageRun], title: str = "TPOT against the bandwidth floor") -> go.Figure:
     """One bar per run: MBU in percent (floor / TPOT), labelled with its TPOT; runs need a bandwidth (time_requests)."""
+    if not isinstance(runs, dict) or not all(isinstance(r, StageRun) for r in runs.values()):
+        raise TypeError(f"runs must be the dict of StageRun that time_requests or time_ladder returns, "
+                        f"got {describe(runs)}")
     missing = [str(k) for k, r in runs.items() if r.mbu is None]
     if missing:
         raise ValueError(f"runs {missing} have no MBU; time them with bandwidth_Bps=measured_peaks(...).bandwidth_Bps")

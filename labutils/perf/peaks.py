@@ -9,6 +9,7 @@ MAX_AGE_DAYS, or asked for (`refresh=True`).
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from labutils.perf.probes import measure_bandwidth, measure_matmul_flops
 from labutils.perf.roofline import ridge_point
 from labutils.core.progress_bar import Steps
 from labutils.perf.timing import torch_threads
+from labutils.core.validate import describe
 
 RUNS = 3                      # each probe is already a median; the best of three ignores a run a neighbour spoiled
 MAX_AGE_DAYS = 30
@@ -75,6 +77,17 @@ class Peaks:
 
     def __str__(self) -> str:
         return self.line() + (f"\n  ({self.source})" if self.source else "")
+
+
+def check_peaks(peaks, name: str = "peaks") -> Peaks:
+    """Peaks passed in by hand: a Peaks, in bytes/s and FLOP/s (20 GB/s is 20e9, not 20.0)."""
+    if not isinstance(peaks, Peaks):
+        raise TypeError(f"{name} must be a labutils.perf.peaks.Peaks (measured_peaks(device)), got {describe(peaks)}")
+    for field_, value, unit in (("bandwidth_Bps", peaks.bandwidth_Bps, "bytes/s"), ("flops", peaks.flops, "FLOP/s")):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 1e8):
+            raise ValueError(f"{name}.{field_}={value!r} is not a plausible peak in {unit}: peaks are in {unit}, so "
+                             f"20 GB/s is 20e9, not 20.0; pass measured_peaks(device)")
+    return peaks
 
 
 def _key(device_name: str, what: str) -> str:

@@ -7,6 +7,7 @@ import ipywidgets as w
 import tiktoken
 
 from labutils.text.tokenizer import ENCODING_NAMES, encode, get_encoding
+from labutils.core.validate import describe
 
 PALETTE = ("#ffd6a5", "#caffbf", "#9bf6ff", "#bdb2ff", "#ffc6ff", "#fdffb6", "#a0c4ff", "#ffadad")
 MAX_TOKENS_SHOWN = 3000  # beyond this the browser, not the tokenizer, becomes the slow part
@@ -20,7 +21,12 @@ def token_label(token: bytes) -> str:
 
 
 def _as_encoding(enc: tiktoken.Encoding | str) -> tiktoken.Encoding:
-    return get_encoding(enc) if isinstance(enc, str) else enc
+    if isinstance(enc, str):
+        return get_encoding(enc)
+    if not isinstance(enc, tiktoken.Encoding):
+        raise TypeError(f"encoding must be a tiktoken.Encoding or its name (one of {list(ENCODING_NAMES)}), "
+                        f"got {describe(enc)}")
+    return enc
 
 
 def render_tokens(enc: tiktoken.Encoding | str, text: str) -> str:
