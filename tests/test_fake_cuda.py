@@ -95,6 +95,7 @@ def test_the_fast_loop_eager_step_and_prefill(dtype, cache):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_an_engine_step_through_the_paged_cache(dtype):
     from labutils.serving.engine import Engine
+    from labutils.serving.scheduler import Feed
     with fake_cuda.fake_cuda():
         m = fake_model(dtype)
         engine = Engine(m, 2, block_size=4)
@@ -103,14 +104,14 @@ def test_an_engine_step_through_the_paged_cache(dtype):
         engine._arrive(0.0)
         plan = engine.scheduler.schedule(0.0)                   # both prompts, whole
         with torch.inference_mode(), sixteen_bit(m, dtype):
-            _, first = engine._device_forward(plan)             # the prefill of both, packed, in one forward
-            for s, n in plan:                                   # what _forward does on the host, with stand-ins
+            _, first = engine.runner.forward(plan, engine.blocks.high_water)   # both prefills, packed, one forward
+            for s, n in plan:                                   # what postprocess does on the host, with stand-ins
                 s.n_computed += n
                 s.add_token(0, 0.0)
-            _, second = engine._device_forward([(s, 1) for s, _ in plan])   # one decode step, each at its position
+            _, second = engine.runner.forward([Feed(s, 1) for s, _ in plan], engine.blocks.high_water)   # one decode step
         assert [n for _, n in plan] == [5, 2]
         assert first.shape == second.shape == (2,) and second.device.type == "cuda"
-        assert engine.cache.device.type == "cuda" and engine.cache.k[0].dtype == dtype
+        assert engine.runner.cache.device.type == "cuda" and engine.runner.cache.k[0].dtype == dtype
     traced("engine forward over the paged cache (prefill, then decode)", dtype)
 
 
@@ -177,8 +178,8 @@ def test_a_mask_built_on_the_host_fails(monkeypatch):
     def planted(q, k, v, *args, **kwargs):    # the bug: a causal mask made without device=
         mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
         return real(q, k, v, *args, **kwargs) * mask[None, None, :, :1]
-    import labutils.model.gpt as model_mod
-    monkeypatch.setattr(model_mod, "attention", planted)          # what the model's attention layers call
+    import labutils.decode.kvcache as cache_mod
+    monkeypatch.setattr(cache_mod, "attention", planted)          # what KVCache.attend calls
     with fake_cuda.fake_cuda():
         m = fake_model(torch.bfloat16)
         with pytest.raises(FakeTensorDeviceMismatchError):

@@ -99,7 +99,7 @@ def test_a_packed_prefill_leaves_a_cached_prefix_alone():
         results = engine.run()
     assert shapes[0] == (1, 9 + 30 + 9) and [r.cached_tokens for r in results] == [32, 0, 32]
     assert [r.tokens for r in results] == [solo(m, p, 12) for p in (system + [2], list(range(50, 80)), system + [3])]
-    assert engine.cache.blocks_allocated >= engine.blocks.high_water
+    assert engine.runner.cache.blocks_allocated >= engine.blocks.high_water
 
 
 def test_a_prompt_longer_than_the_budget_is_chunked_never_refused():
@@ -139,9 +139,9 @@ def test_decodes_go_first_and_prefill_chunks_fill_the_rest_of_the_budget():
 @pytest.mark.parametrize("budget", [1, 7, 64])
 def test_chunked_prefill_keeps_the_solo_tokens_with_preemption_and_prefix_hits(budget):
     m = model(2, False, 1)
-    block_bytes = Engine(m, 1, block_size=4).cache.block_bytes
+    block_bytes = Engine(m, 1, block_size=4).runner.cache.block_bytes
     max_batch = min(budget, 4)
-    engine = Engine(m, max_batch, block_size=4, kv_budget_bytes=30 * block_bytes, max_num_batched_tokens=budget)
+    engine = Engine(m, max_batch, block_size=4, kv_limit_bytes=30 * block_bytes, max_num_batched_tokens=budget)
     system = [(11 * j) % VOCAB for j in range(13)]
     prompts = [system + [(7 * i + j) % VOCAB for j in range(6 + i)] for i in range(5)]
     for p in prompts:
@@ -186,8 +186,8 @@ def test_sampled_requests_follow_their_seeds_beside_anything():
 
 def test_preemption_by_recompute_keeps_the_tokens():
     m = model(2, False, 1)
-    block_bytes = Engine(m, 1, block_size=4).cache.block_bytes
-    engine = Engine(m, 4, block_size=4, kv_budget_bytes=30 * block_bytes)   # 30 blocks: 4 x 46 positions need 48
+    block_bytes = Engine(m, 1, block_size=4).runner.cache.block_bytes
+    engine = Engine(m, 4, block_size=4, kv_limit_bytes=30 * block_bytes)   # 30 blocks: 4 x 46 positions need 48
     prompts = [[(7 * i + j) % VOCAB for j in range(6 + i)] for i in range(4)]
     for p in prompts:
         engine.submit(p, 40)
@@ -249,7 +249,7 @@ def test_the_cached_blocks_are_really_read():
     engine.submit(system + [50], 12)
     engine.run()
     with torch.inference_mode():                           # the engine made its storage in inference mode
-        for pool in engine.cache.k:
+        for pool in engine.runner.cache.k:
             pool.mul_(-1.0)
     engine.submit(system + [60], 12)
     corrupted, = engine.run()
@@ -273,7 +273,7 @@ def test_an_identical_prompt_of_whole_blocks_still_prefills_its_last_block():
 def test_prefix_caching_off_and_budget_zero_cache_nothing():
     m = model()
     system = list(range(40))
-    for kwargs in (dict(prefix_caching=False), dict(kv_budget_bytes=0)):
+    for kwargs in (dict(prefix_caching=False), dict(kv_limit_bytes=0)):
         engine = Engine(m, 2, **kwargs)
         for tail in ([1], [2], [3]):
             engine.submit(system + tail, 6)
@@ -368,8 +368,8 @@ def test_storage_grows_with_the_load_not_the_worst_case():
     engine.submit([1, 2, 3], 4)
     engine.run()
     stats = engine.stats
-    assert stats["kv_bytes_allocated"] == stats["block_bytes"] * engine.cache.blocks_allocated
-    assert engine.cache.blocks_allocated < stats["n_blocks"] == 8 * math.ceil(CTX / 16)
+    assert stats["kv_bytes_allocated"] == stats["block_bytes"] * engine.runner.cache.blocks_allocated
+    assert engine.runner.cache.blocks_allocated < stats["n_blocks"] == 8 * math.ceil(CTX / 16)
 
 
 # --- bad input -----------------------------------------------------------------------------------------
@@ -392,7 +392,7 @@ def test_a_request_longer_than_the_context_is_rejected_and_the_others_go_on():
     (dict(max_batch_size=2.5), TypeError, "max_batch_size must be an int"),
     (dict(block_size=0), ValueError, "block_size must be >= 1"),
     (dict(block_size=CTX + 1), ValueError, f"block_size must be <= {CTX}"),
-    (dict(kv_budget_bytes=-1), ValueError, "kv_budget_bytes must be >= 0"),
+    (dict(kv_limit_bytes=-1), ValueError, "kv_limit_bytes must be >= 0"),
     (dict(mode="fifo"), ValueError, r"unknown mode 'fifo'; choose one of \['continuous', 'static'\]"),
     (dict(prefix_caching="yes"), TypeError, "prefix_caching must be True or False"),
     (dict(max_num_batched_tokens=1), ValueError, "max_num_batched_tokens=1 is smaller than max_batch_size=2: every "
@@ -449,7 +449,7 @@ def test_gpu_engine_gives_the_solo_tokens():
     for p in prompts:
         engine.submit(p, 30)
     results = engine.run()
-    assert engine.cache.device.type == "cuda" and max_batch_seen(engine) == 4
+    assert engine.runner.cache.device.type == "cuda" and max_batch_seen(engine) == 4
     assert [r.tokens for r in results] == [solo(m, p, 30) for p in prompts]
 
 

@@ -102,7 +102,7 @@ def test_freed_prefix_blocks_stay_cached_and_are_evicted_least_recently_used_fir
 
 
 def test_lru_keeps_the_recently_used_prefix():
-    m = BlockManager(6, BS, budget_blocks=5)
+    m = BlockManager(6, BS, limit_blocks=5)
     a, b = committed(m, toks(5)), committed(m, toks(5, start=100))
     m.free(a.table)
     m.free(b.table)
@@ -116,7 +116,7 @@ def test_lru_keeps_the_recently_used_prefix():
 
 
 def test_the_budget_bounds_blocks_in_use_plus_cached():
-    m = BlockManager(10, BS, budget_blocks=3)
+    m = BlockManager(10, BS, limit_blocks=3)
     a = committed(m, toks(13))                     # 4 blocks in use: over the budget, nothing cached
     assert m.used == 4 and m.cached == 0
     m.free(a.table)
@@ -126,7 +126,7 @@ def test_the_budget_bounds_blocks_in_use_plus_cached():
 
 
 def test_budget_zero_caches_nothing():
-    m = BlockManager(8, BS, budget_blocks=0)
+    m = BlockManager(8, BS, limit_blocks=0)
     assert not m.prefix_caching
     a = committed(m, toks(12))
     m.free(a.table)
@@ -136,7 +136,7 @@ def test_budget_zero_caches_nothing():
 @pytest.mark.parametrize("kwargs, match", [
     (dict(n_blocks=0, block_size=4), "n_blocks must be >= 1"),
     (dict(n_blocks=4, block_size=0), "block_size must be >= 1"),
-    (dict(n_blocks=4, block_size=4, budget_blocks=-1), "budget_blocks must be >= 0"),
+    (dict(n_blocks=4, block_size=4, limit_blocks=-1), "limit_blocks must be >= 0"),
 ])
 def test_bad_sizes(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -36,17 +36,17 @@ class BlockManager:
     A block is *in use* while its reference count is above zero (a shared prefix block counts once
     per request). A free block is either plain, or *cached*: it still holds a full block of a known
     prefix, keyed by block_hash, and waits in LRU order for a request with the same prefix.
-    `budget_blocks` bounds in-use plus cached blocks; past it the least recently used cached block
-    is forgotten (budget 0 caches nothing). Never-used ids go out lowest first, so the storage
+    `limit_blocks` bounds in-use plus cached blocks; past it the least recently used cached block
+    is forgotten (a limit of 0 caches nothing). Never-used ids go out lowest first, so the storage
     behind them (PagedKVCache) only grows as far as the load needs.
     """
 
     def __init__(self, n_blocks: int, block_size: int = 16, *, prefix_caching: bool = True,
-                 budget_blocks: int | None = None):
+                 limit_blocks: int | None = None):
         n_blocks, block_size = check_count("n_blocks", n_blocks, 1), check_count("block_size", block_size, 1)
-        budget = n_blocks if budget_blocks is None else check_count("budget_blocks", budget_blocks, 0)
-        self.n_blocks, self.block_size, self.budget_blocks = n_blocks, block_size, budget
-        self.prefix_caching = check_flag("prefix_caching", prefix_caching) and budget > 0   # nothing kept: nothing keyed
+        limit = n_blocks if limit_blocks is None else check_count("limit_blocks", limit_blocks, 0)
+        self.n_blocks, self.block_size, self.limit_blocks = n_blocks, block_size, limit
+        self.prefix_caching = check_flag("prefix_caching", prefix_caching) and limit > 0   # nothing kept: nothing keyed
         self._ref: defaultdict[int, int] = defaultdict(int)   # nothing stored per block until it is used
         self._key: dict[int, tuple[bytes, bytes | None, tuple[int, ...]]] = {}   # block -> (key, parent key, tokens)
         self._by_key: dict[bytes, int] = {}
@@ -136,7 +136,7 @@ class BlockManager:
 
         Tail first into the LRU, as nano-vllm frees: a freed chain then waits there with its last block oldest, so
         eviction takes children before their parents, and a cached block's parent is always cached too
-        (a child that outlived its parent could never be found again, yet would fill the budget).
+        (a child that outlived its parent could never be found again, yet would fill the limit).
         Freeing a table twice, or a block that was never handed out, is refused before anything changes.
         """
         for block, n in Counter(table).items():
@@ -155,7 +155,7 @@ class BlockManager:
                 else:
                     plain.append(block)
         self._free.extend(reversed(plain))            # plain blocks keep table order: the next request gets them so
-        self._enforce_budget()
+        self._enforce_limit()
 
     def _incref(self, block: int) -> None:
         if self._ref[block] == 0:
@@ -164,10 +164,10 @@ class BlockManager:
         self._ref[block] += 1
 
     def _take(self) -> int:
-        """One block with refcount 1: a plain free one, a never-used one while the budget allows, else the LRU cached one."""
+        """One block with refcount 1: a plain free one, a never-used one while the limit allows, else the LRU cached one."""
         if self._free:
             block = self._free.popleft()
-        elif self.high_water < self.n_blocks and (self.used + len(self._cached) < self.budget_blocks
+        elif self.high_water < self.n_blocks and (self.used + len(self._cached) < self.limit_blocks
                                                   or not self._cached):
             block, self.high_water = self.high_water, self.high_water + 1
         elif self._cached:
@@ -176,7 +176,7 @@ class BlockManager:
             raise RuntimeError("no free KV block; check available() before taking one")
         self._ref[block] = 1
         self.used += 1
-        self._enforce_budget()
+        self._enforce_limit()
         return block
 
     def _evict(self) -> int:
@@ -187,8 +187,8 @@ class BlockManager:
         self.evictions += 1
         return block
 
-    def _enforce_budget(self) -> None:
-        while self._cached and self.used + len(self._cached) > self.budget_blocks:
+    def _enforce_limit(self) -> None:
+        while self._cached and self.used + len(self._cached) > self.limit_blocks:
             self._free.append(self._evict())
 
 

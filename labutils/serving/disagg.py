@@ -80,7 +80,9 @@ class SimulatedRun:
 def _served(setup: str, results: list[RequestResult], workload: Workload, slo, clocks, handoffs=()) -> SimulatedRun:
     for index, (r, req) in enumerate(zip(results, workload)):
         r.id, r.kv = index if req.id is None else req.id, None      # numbered as run_workload numbers them
-    wall = max(max((r.timestamps[-1] for r in results if r.timestamps), default=0.0), 1e-9)
+    # Start to the end of the last step on any machine, as Engine.wall_s: a machine's clock never runs behind its
+    # busy seconds, so each busy share is at most 1 (the last token's time would leave out its step's tail).
+    wall = max(max(c() for c in clocks), 1e-9)
     return SimulatedRun(setup, results, wall, summarize(results, wall, slo), list(handoffs), [c.busy_s / wall for c in clocks])
 
 

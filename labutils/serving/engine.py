@@ -9,39 +9,33 @@ import torch
 from labutils.core import fake_cuda
 from labutils.perf import quiet
 from labutils.core.progress_bar import Steps
-from labutils.decode.loop import check_logits, check_sampling, sample
+from labutils.decode.sampling import check_sampling
 from labutils.perf.roofline import kv_bytes_per_token
-from labutils.core.validate import (check_choice, check_count, check_flag, check_number, check_seed, model_device,
-                                    model_dtype)
+from labutils.core.validate import check_choice, check_count, check_flag, check_number, check_seed, model_dtype
 from labutils.serving.blocks import BlockManager
-from labutils.serving.paged_cache import PagedKVCache, Row
+from labutils.serving.runner import ModelRunner
 from labutils.serving.scheduler import MODES, Scheduler
 from labutils.serving.sequence import Sequence
 from labutils.serving.workload import MAX_ARRIVAL_S, RequestResult, Summary, Workload, summarize
-
-# vLLM's default token budget for an online server (its API server's max_num_batched_tokens with chunked prefill).
-DEFAULT_BATCHED_TOKENS = 2048
 
 
 class Engine:
     """Serve many requests with one model: Engine(model, max_batch_size).submit(...) ... .run().
 
-    Each step() is one forward over a plan the scheduler makes under a token budget,
-    `max_num_batched_tokens`, as vLLM V1 plans a step: one token for every running request that is
-    decoding, then prefill tokens of newcomers (reusing cached prefix blocks) in what is left. With
-    `chunked_prefill` (the default, as in vLLM V1) a prompt longer than what is left is split across
-    steps, so a long prompt never stalls the running streams for longer than one budget's worth of
-    tokens; without it a prompt runs whole. The scheduled tokens go through the model packed end to
-    end (serving.paged_cache.PackedBatch), not padded, each at its own position. Greedy requests get the
-    tokens of their solo generate() run; a sampled one (temperature > 0) draws from its own seeded
-    generator through generate()'s sampler, so its seed reproduces it. Times are seconds on the real
-    clock since the workload started: the first step() after the engine was idle (run() starts with one).
+    Each step() reads as three verbs, as nano-vllm's does: the scheduler plans the step (serving.scheduler: which
+    requests, how many tokens each, under the token budget `max_num_batched_tokens`, as vLLM V1 plans a step), the
+    runner feeds the plan through the model in one packed forward (serving.runner), and the scheduler posts the
+    step's results (positions, prefix-cache keys, tokens, finished requests). The engine itself checks requests,
+    keeps the clock and records each step. With `chunked_prefill` (the default, as in vLLM V1) a prompt longer than
+    what is left of the budget is split across steps, so a long prompt never stalls the running streams for longer
+    than one budget's worth of tokens; without it a prompt runs whole. Times are seconds on the real clock since
+    the workload started: the first step() after the engine was idle (run() starts with one).
 
-    kv_budget_bytes bounds the paged KV cache: blocks held by running requests plus blocks kept
-    for prefix reuse. None gives room for max_batch_size requests at the full context, so nothing
-    is ever preempted. When running requests need more, the newest is preempted and recomputed
-    later. A budget below one full-context request still serves every request: the pool always
-    holds one such request, beyond the budget. A budget of 0 caches nothing.
+    kv_limit_bytes bounds the paged KV cache: blocks held by running requests plus blocks kept for prefix reuse.
+    None gives room for max_batch_size requests at the full context, so nothing is ever preempted. When running
+    requests need more, the newest is preempted and recomputed later. A limit below one full-context request
+    still serves every request: the pool always holds one such request, beyond the limit. A limit of 0 caches
+    nothing.
 
     For a simulation of two machines in one process (serving.disagg): `clock` replaces the real clock
     (a function returning seconds since the workload started), `export_kv=True` makes each result carry
@@ -50,35 +44,32 @@ class Engine:
     """
 
     def __init__(self, model, max_batch_size: int, *, block_size: int = 16, prefix_caching: bool = True,
-                 kv_budget_bytes: int | None = None, mode: str = "continuous",
+                 kv_limit_bytes: int | None = None, mode: str = "continuous",
                  max_num_batched_tokens: int | None = None, chunked_prefill: bool = True, clock=None,
                  export_kv: bool = False):
         if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
             raise TypeError(f"model must be a labutils GPT, got {type(model).__name__}")
-        ctx = model.config.context_length
+        self.config = model.config
+        ctx = self.config.context_length
         max_batch_size = check_count("max_batch_size", max_batch_size, 1)
         block_size = check_count("block_size", block_size, 1, ctx, hint=f"a block holds at most the context ({ctx})")
         prefix_caching = check_flag("prefix_caching", prefix_caching)
-        if kv_budget_bytes is not None:
-            kv_budget_bytes = check_count("kv_budget_bytes", kv_budget_bytes, 0)
+        if kv_limit_bytes is not None:
+            kv_limit_bytes = check_count("kv_limit_bytes", kv_limit_bytes, 0)
         mode = check_choice("mode", mode, MODES)
         chunked_prefill = check_flag("chunked_prefill", chunked_prefill)
-        self.max_num_batched_tokens = self._check_budget(max_num_batched_tokens, max_batch_size, chunked_prefill, ctx)
-        self.chunked_prefill = chunked_prefill
         if clock is not None and not callable(clock):
             raise TypeError(f"clock must be a function returning seconds, got {type(clock).__name__}")
         self._clock, self.export_kv = clock, check_flag("export_kv", export_kv)
-        self.model, self.config = model, model.config
-        self.device, self.dtype = model_device(model), model_dtype(model)
         self.max_batch_size, self.block_size, self.mode = max_batch_size, block_size, mode
-        per_request = -(-self.config.context_length // block_size)     # blocks of one full-context request
-        block_bytes = kv_bytes_per_token(self.config, self.dtype) * block_size
-        budget = max_batch_size * per_request if kv_budget_bytes is None else kv_budget_bytes // block_bytes
-        n_blocks = max(budget, per_request)
-        self.blocks = BlockManager(n_blocks, block_size, prefix_caching=prefix_caching, budget_blocks=budget)
-        self.cache = PagedKVCache(self.config, block_size, n_blocks, self.device, self.dtype)
-        self.scheduler = Scheduler(self.blocks, max_batch_size, self.max_num_batched_tokens,
+        per_request = -(-ctx // block_size)                       # blocks of one full-context request
+        block_bytes = kv_bytes_per_token(self.config, model_dtype(model)) * block_size
+        limit = max_batch_size * per_request if kv_limit_bytes is None else kv_limit_bytes // block_bytes
+        n_blocks = max(limit, per_request)
+        self.blocks = BlockManager(n_blocks, block_size, prefix_caching=prefix_caching, limit_blocks=limit)
+        self.scheduler = Scheduler(self.blocks, max_batch_size, max_num_batched_tokens, context_length=ctx,
                                    chunked_prefill=chunked_prefill, mode=mode)
+        self.runner = ModelRunner(model, block_size, n_blocks)
         self.finished: list[RequestResult] = []     # results of the current (or last) workload
         self.timeline: list[dict] = []              # one row per step: time, batch, queue, blocks
         self.wall_s = 0.0                           # the last workload's duration: start to the end of its last step
@@ -88,23 +79,6 @@ class Engine:
         self._t0: float | None = None
         self.steps = 0
         self.peak_blocks = 0
-        self.token_rows = 0                         # token rows the model computed, over every forward
-
-    @staticmethod
-    def _check_budget(budget, max_batch_size: int, chunked_prefill: bool, ctx: int) -> int:
-        """The token budget per step: vLLM's defaults, and its two rules (one token per running request fits;
-        without chunking, so does a whole prompt)."""
-        if budget is None:
-            return max(DEFAULT_BATCHED_TOKENS, max_batch_size, 0 if chunked_prefill else ctx)
-        budget = check_count("max_num_batched_tokens", budget, 1)
-        if budget < max_batch_size:
-            raise ValueError(f"max_num_batched_tokens={budget} is smaller than max_batch_size={max_batch_size}: every "
-                             "step must fit one token for each running request; raise the budget or lower "
-                             "max_batch_size")
-        if not chunked_prefill and budget < ctx:
-            raise ValueError(f"max_num_batched_tokens={budget} is below the context length {ctx}: without chunked "
-                             "prefill a whole prompt must fit one step; raise the budget or set chunked_prefill=True")
-        return budget
 
     # -- requests in -------------------------------------------------------------------------------
 
@@ -128,7 +102,7 @@ class Engine:
         seed = None if seed is None else check_seed(seed)
         if self._t0 is not None:             # the clock runs: a request cannot arrive in the past
             arrival_s = max(float(arrival_s), self.clock())
-        generator = fake_cuda.generator(self.device, seed) if temperature > 0 else None
+        generator = fake_cuda.generator(self.runner.device, seed) if temperature > 0 else None
         return self._queue(Sequence(self._next_id, prompt, max_new_tokens, arrival_s, eos_id, float(temperature),
                                     top_k, top_p, generator))
 
@@ -202,10 +176,7 @@ class Engine:
 
     @torch.inference_mode()
     def step(self) -> list[RequestResult]:
-        """One scheduler iteration: arrivals join the queue, new requests prefill, the running batch decodes one token.
-
-        Returns the requests that finished in this step.
-        """
+        """One iteration: arrivals join the queue, then schedule, run, postprocess. Returns the requests that finished."""
         if not self.busy:
             return []
         if self._t0 is None:                 # a new workload: a new clock and a fresh record
@@ -215,19 +186,13 @@ class Engine:
         done = self._arrive(start)
         plan = self.scheduler.schedule(self.clock())
         if plan:
-            done += self._forward(plan)
-        self.steps += 1
-        self.peak_blocks = max(self.peak_blocks, self.blocks.used)
-        now = self.clock()
-        running = self.scheduler.running
-        self.timeline.append(dict(t=now, step_s=now - start, running=len(running), waiting=len(self.scheduler.waiting),
-                                  blocks_used=self.blocks.used, blocks_cached=self.blocks.cached,
-                                  kv_tokens=sum(s.n_computed for s in running),    # positions really stored
-                                  decode_tokens=sum(1 for _, n in plan if n == 1),
-                                  prefill_tokens=sum(n for _, n in plan if n > 1)))
+            tokens = self.runner.run(plan, self.blocks.high_water)
+            done += self.scheduler.postprocess(plan, tokens, self.clock(),
+                                               export=self.runner.read if self.export_kv else None)
+        self._record(start, plan)
         self.finished += done
         if not self.busy:
-            self.wall_s, self._t0 = now, None
+            self.wall_s, self._t0 = self.timeline[-1]["t"], None
         elif not (plan or done) and not self.scheduler.running and self.scheduler.waiting:
             raise RuntimeError("the scheduler could not admit any waiting request into an empty batch; "
                                "this is a bug in labutils.serving")
@@ -257,59 +222,16 @@ class Engine:
                 self.scheduler.add(seq)
         return rejected
 
-    def _device_forward(self, plan: list[tuple[Sequence, int]]) -> tuple[list[Sequence], torch.Tensor]:
-        """The device half of a step: one packed forward over the plan (each request fed its planned tokens), and
-        the next token of every request whose tokens are now all computed, left on the device."""
-        # One-token rows first (PackedBatch's layout), shortest tables first, so rows of similar length attend together.
-        plan = sorted(plan, key=lambda p: (p[1] > 1, len(p[0].table) if p[1] == 1 else 0))
-        self.cache.ensure(self.blocks.high_water)
-        for seq, _ in plan:
-            if seq.kv is not None:                               # handed over: store it, then decode from it
-                self.cache.write(seq.table, seq.kv)
-                seq.kv = None
-        flat, ends, sampled = [], [], []
-        for seq, n in plan:
-            flat += seq.tokens[seq.n_computed:seq.n_computed + n]
-            if n == seq.remaining:                               # its last token: the next token comes from it
-                ends.append(len(flat) - 1)
-                sampled.append(seq)
-        view = self.cache.batch([Row(seq.table, seq.n_computed, n) for seq, n in plan])
-        ids = torch.tensor(flat, device=self.device)[None]
-        logits = self.model(ids, view, check=False, logits_at=torch.tensor(ends, dtype=torch.long, device=self.device))
-        self.token_rows += ids.shape[1]
-        return sampled, self._sample(sampled, logits[0])
-
-    def _forward(self, plan: list[tuple[Sequence, int]]) -> list[RequestResult]:
-        """One step's forward and its bookkeeping: positions advance, full blocks are keyed, tokens appended,
-        finished requests leave."""
-        sampled, tokens = self._device_forward(plan)
-        tokens = tokens.tolist()                                 # waits for the device
-        now = self.clock()
-        for seq, n in plan:
-            seq.n_computed += n
-            self.blocks.commit(seq.table, seq.keys, seq.tokens, seq.n_computed)
-        done = []
-        for seq, tok in zip(sampled, tokens):
-            seq.add_token(tok, now)
-            if seq.done:
-                kv = self.cache.read(seq.table, seq.n_computed) if self.export_kv else None
-                self.scheduler.finish(seq, now)
-                done.append(seq.result())
-                done[-1].kv = kv
-        return done
-
-    @staticmethod
-    def _sample(seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
-        """The next token of each request from its row of logits, on the device: greedy in one argmax, sampled
-        ones each from its own generator through decode.loop.sample."""
-        first = [i for i, s in enumerate(seqs) if not s.n_generated]
-        if first:                     # once per request: NaN weights would otherwise give token 0 forever
-            check_logits(logits[first])
-        tokens = logits.argmax(dim=-1)
-        for i, s in enumerate(seqs):
-            if s.temperature > 0:
-                tokens[i] = sample(logits[i:i + 1], s.temperature, s.top_k, s.top_p, s.generator, check=False)[0]
-        return tokens
+    def _record(self, start: float, plan) -> None:
+        """One timeline row for the step that started at `start`: its time, batch, queue, blocks and tokens."""
+        self.steps += 1
+        self.peak_blocks = max(self.peak_blocks, self.blocks.used)
+        now, running = self.clock(), self.scheduler.running
+        self.timeline.append(dict(t=now, step_s=now - start, running=len(running), waiting=len(self.scheduler.waiting),
+                                  blocks_used=self.blocks.used, blocks_cached=self.blocks.cached,
+                                  kv_tokens=sum(s.n_computed for s in running),    # positions really stored
+                                  decode_tokens=sum(1 for f in plan if f.n == 1),
+                                  prefill_tokens=sum(f.n for f in plan if f.n > 1)))
 
     # -- what it did -------------------------------------------------------------------------------
 
@@ -319,10 +241,10 @@ class Engine:
         s = self.scheduler
         return dict(prompt_tokens=s.prompt_tokens, cached_tokens=s.cached_tokens,
                     hit_rate=s.cached_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,
-                    preemptions=s.preemptions, steps=self.steps, token_rows=self.token_rows,
+                    preemptions=s.preemptions, steps=self.steps, token_rows=self.runner.token_rows,
                     blocks_used=self.blocks.used,
                     blocks_cached=self.blocks.cached, peak_blocks=self.peak_blocks, n_blocks=self.blocks.n_blocks,
-                    block_bytes=self.cache.block_bytes, kv_bytes_allocated=self.cache.nbytes)
+                    block_bytes=self.runner.cache.block_bytes, kv_bytes_allocated=self.runner.cache.nbytes)
 
 
 def run_workload(engine: Engine, workload: Workload, progress_desc: str = "",

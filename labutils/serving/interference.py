@@ -75,7 +75,7 @@ def long_prompt_among_streams(model, *, n_streams: int = 8, stream_prompt: int =
     long_id = engine.submit(long.prompt_ids, long.max_new_tokens)
     results = engine.run()
     return Interference([r for r in results if r.id != long_id], results[long_id], arrival, engine.wall_s,
-                        chunked_prefill, engine.max_num_batched_tokens)
+                        chunked_prefill, engine.scheduler.max_num_batched_tokens)
 
 
 @dataclass

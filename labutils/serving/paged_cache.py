@@ -64,7 +64,7 @@ class PagedKVCache:
             if not is_oom(err):
                 raise
             raise MemoryError(f"a paged KV cache of {new:,} blocks ({new * self.block_bytes / 2**20:,.0f} MiB) "
-                              f"does not fit on {self.device}; give the Engine a smaller kv_budget_bytes "
+                              f"does not fit on {self.device}; give the Engine a smaller kv_limit_bytes "
                               "or fewer batch slots") from None
 
     def _slots(self, table: list[int], n: int) -> torch.Tensor:

@@ -1,12 +1,25 @@
-"""Which requests run in the next step, and how many tokens each: one token budget, chunked prefill, preemption."""
+"""Which requests run in the next step, and how many tokens each: one token budget, chunked prefill, preemption;
+and after the step, what it changed: positions, prefix-cache keys, tokens, finished requests."""
 from __future__ import annotations
 
 from collections import deque
+from typing import Callable, NamedTuple
 
+from labutils.core.validate import check_count
 from labutils.serving.blocks import BlockManager
 from labutils.serving.sequence import Sequence
+from labutils.serving.workload import RequestResult
 
 MODES = ("continuous", "static")
+# vLLM's default token budget for an online server (its API server's max_num_batched_tokens with chunked prefill).
+DEFAULT_BATCHED_TOKENS = 2048
+
+
+class Feed(NamedTuple):
+    """One entry of a step's plan: feed the model `n` of `seq`'s tokens (1 while it decodes; a prompt or a chunk of one)."""
+
+    seq: Sequence
+    n: int
 
 
 class Scheduler:
@@ -24,12 +37,14 @@ class Scheduler:
     its tokens; when it rejoins, prefill recomputes their keys and values.
     """
 
-    def __init__(self, blocks: BlockManager, max_batch_size: int, max_num_batched_tokens: int, *,
-                 chunked_prefill: bool = True, mode: str = "continuous"):
+    def __init__(self, blocks: BlockManager, max_batch_size: int, max_num_batched_tokens: int | None = None, *,
+                 context_length: int, chunked_prefill: bool = True, mode: str = "continuous"):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {list(MODES)}")
         self.blocks, self.max_batch_size, self.mode = blocks, max_batch_size, mode
-        self.budget, self.chunked_prefill = max_num_batched_tokens, chunked_prefill
+        self.chunked_prefill = chunked_prefill
+        self.max_num_batched_tokens = self.check_budget(max_num_batched_tokens, max_batch_size, chunked_prefill,
+                                                        context_length)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []          # in the order they joined: the newest is last
         self.preemptions = 0
@@ -38,11 +53,29 @@ class Scheduler:
         self.prompt_tokens = 0                     # tokens looked up in the prefix cache at admission
         self.cached_tokens = 0                     # ... and found there
 
+    @staticmethod
+    def check_budget(budget, max_batch_size: int, chunked_prefill: bool, context_length: int) -> int:
+        """The token budget per step: vLLM's default, and its two rules, which schedule() relies on (one token per
+        running request fits; without chunking, so does a whole prompt)."""
+        if budget is None:
+            return max(DEFAULT_BATCHED_TOKENS, max_batch_size, 0 if chunked_prefill else context_length)
+        budget = check_count("max_num_batched_tokens", budget, 1)
+        if budget < max_batch_size:
+            raise ValueError(f"max_num_batched_tokens={budget} is smaller than max_batch_size={max_batch_size}: every "
+                             "step must fit one token for each running request; raise the budget or lower "
+                             "max_batch_size")
+        if not chunked_prefill and budget < context_length:
+            raise ValueError(f"max_num_batched_tokens={budget} is below the context length {context_length}: without "
+                             "chunked prefill a whole prompt must fit one step; raise the budget or set "
+                             "chunked_prefill=True")
+        return budget
+
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
-    def schedule(self, now: float) -> list[tuple[Sequence, int]]:
-        """This step's plan: (request, number of its tokens to feed), decodes first, within the token budget.
+    def schedule(self, now: float) -> list[Feed]:
+        """This step's plan: which requests, and how many of each one's tokens to feed, decodes first, within the
+        token budget.
 
         When blocks run out the newest running request is preempted; then no new request joins in this
         step, so a request just pushed out does not bounce straight back.
@@ -60,17 +93,36 @@ class Scheduler:
             else:
                 ready.append(seq)
         self._forming = not self.running           # static mode: a new batch forms only from empty
-        plan = [(seq, 1) for seq in ready if seq.remaining == 1]
-        left = self.budget - len(plan)             # >= 0: the engine keeps the budget >= max_batch_size
+        plan = [Feed(seq, 1) for seq in ready if seq.remaining == 1]
+        left = self.max_num_batched_tokens - len(plan)     # >= 0: check_budget keeps it >= max_batch_size
         for seq in ready:
             if seq.remaining > 1 and (n := self._chunk(seq, left)):
-                plan.append((seq, n))
+                plan.append(Feed(seq, n))
                 left -= n
         while (seq := self._admit(now, left)) is not None:
             if n := self._chunk(seq, left):        # static mode admits a whole batch, budget or not
-                plan.append((seq, n))
+                plan.append(Feed(seq, n))
                 left -= n
         return plan
+
+    def postprocess(self, plan: list[Feed], tokens: dict[Sequence, int], now: float,
+                    export: Callable[[Sequence], tuple] | None = None) -> list[RequestResult]:
+        """After the step's forward: each fed request's position moves on and its newly full blocks get their
+        prefix-cache keys; `tokens` (the runner's next token per request) are appended at `now`; the requests that
+        are done leave the batch. Returns their results. `export(seq)` reads a finished request's keys and values
+        before its blocks are freed (a prefill worker's handover)."""
+        for seq, n in plan:
+            seq.n_computed += n
+            self.blocks.commit(seq.table, seq.keys, seq.tokens, seq.n_computed)
+        done = []
+        for seq, token in tokens.items():
+            seq.add_token(token, now)
+            if seq.done:
+                kv = export(seq) if export is not None else None
+                self.finish(seq, now)
+                done.append(seq.result())
+                done[-1].kv = kv
+        return done
 
     def _chunk(self, seq: Sequence, left: int) -> int:
         """How many of seq's remaining tokens this step takes: as many as fit when chunked, else all or none."""
@@ -141,4 +193,4 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
 
-__all__ = ["MODES", "Scheduler"]
+__all__ = ["DEFAULT_BATCHED_TOKENS", "Feed", "MODES", "Scheduler"]

@@ -6,7 +6,8 @@ import html
 import ipywidgets as w
 
 from labutils.perf import quiet
-from labutils.serving.engine import DEFAULT_BATCHED_TOKENS, Served, serve
+from labutils.serving.engine import Served, serve
+from labutils.serving.scheduler import DEFAULT_BATCHED_TOKENS
 from labutils.figures.serving import gantt_figure
 from labutils.serving.workload import Workload, make_workload
 from labutils.core.progress_bar import Pace

@@ -1,0 +1,73 @@
+"""The device half of a serving step: the scheduler's plan through the model in one packed forward, next tokens out."""
+from __future__ import annotations
+
+import torch
+
+from labutils.core.validate import model_device, model_dtype
+from labutils.decode.sampling import check_logits, sample
+from labutils.serving.paged_cache import PagedKVCache, Row
+from labutils.serving.scheduler import Feed
+from labutils.serving.sequence import Sequence
+
+
+class ModelRunner:
+    """The model and its paged KV cache (the pool of blocks the scheduler's tables point into).
+
+    run(plan) feeds every planned token in one forward, packed end to end (paged_cache.PackedBatch), not padded,
+    each at its own position, and returns the next token of every request whose tokens are now all computed.
+    Greedy requests take the argmax, so each gets the tokens of its solo generate() run; a sampled one
+    (temperature > 0) draws from its own seeded generator through generate()'s sampler, so its seed reproduces it.
+    """
+
+    def __init__(self, model, block_size: int, n_blocks: int):
+        self.model, self.config = model, model.config
+        self.device, self.dtype = model_device(model), model_dtype(model)
+        self.cache = PagedKVCache(self.config, block_size, n_blocks, self.device, self.dtype)
+        self.token_rows = 0                          # token rows the model computed, over every forward
+
+    def run(self, plan: list[Feed], n_blocks_used: int) -> dict[Sequence, int]:
+        """One packed forward over `plan` (block ids below n_blocks_used in use); {request: its next token} for
+        every request fed its last token, read back to the host (the step's one wait for the device)."""
+        sampled, tokens = self.forward(plan, n_blocks_used)
+        return dict(zip(sampled, tokens.tolist()))
+
+    def forward(self, plan: list[Feed], n_blocks_used: int) -> tuple[list[Sequence], torch.Tensor]:
+        """run() without the wait: the requests fed their last token, and their next tokens left on the device."""
+        # One-token rows first (PackedBatch's layout), shortest tables first, so rows of similar length attend together.
+        plan = sorted(plan, key=lambda f: (f.n > 1, len(f.seq.table) if f.n == 1 else 0))
+        self.cache.ensure(n_blocks_used)
+        for seq, _ in plan:
+            if seq.kv is not None:                               # handed over: store it, then decode from it
+                self.cache.write(seq.table, seq.kv)
+                seq.kv = None
+        flat, ends, sampled = [], [], []
+        for seq, n in plan:
+            flat += seq.tokens[seq.n_computed:seq.n_computed + n]
+            if n == seq.remaining:                               # its last token: the next token comes from it
+                ends.append(len(flat) - 1)
+                sampled.append(seq)
+        view = self.cache.batch([Row(seq.table, seq.n_computed, n) for seq, n in plan])
+        ids = torch.tensor(flat, device=self.device)[None]
+        logits = self.model(ids, view, check=False, logits_at=torch.tensor(ends, dtype=torch.long, device=self.device))
+        self.token_rows += ids.shape[1]
+        return sampled, self.sample(sampled, logits[0])
+
+    @staticmethod
+    def sample(seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
+        """The next token of each request from its row of logits, on the device: greedy in one argmax, sampled
+        ones each from its own generator."""
+        first = [i for i, s in enumerate(seqs) if not s.n_generated]
+        if first:                     # once per request: NaN weights would otherwise give token 0 forever
+            check_logits(logits[first])
+        tokens = logits.argmax(dim=-1)
+        for i, s in enumerate(seqs):
+            if s.temperature > 0:
+                tokens[i] = sample(logits[i:i + 1], s.temperature, s.top_k, s.top_p, s.generator, check=False)[0]
+        return tokens
+
+    def read(self, seq: Sequence) -> tuple[torch.Tensor, torch.Tensor]:
+        """A copy of the keys and values of seq's computed positions (what a prefill worker hands over)."""
+        return self.cache.read(seq.table, seq.n_computed)
+
+
+__all__ = ["ModelRunner"]
