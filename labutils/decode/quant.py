@@ -93,8 +93,13 @@ def quantize_per_channel(w: torch.Tensor, scales_dtype: torch.dtype = torch.floa
     every element is off by at most scale / 2, the rounding of one step.
     """
     if not isinstance(w, torch.Tensor) or w.dim() != 2 or not w.is_floating_point():
-        raise ValueError(f"expected a 2-D float weight [n_out, n_in], got "
+        raise ValueError(f"w: expected a 2-D float weight [n_out, n_in], got "
                          f"{tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__}")
+    if w.numel() == 0:
+        raise ValueError(f"w: the weight {tuple(w.shape)} is empty, so there is no row to quantize; pass a layer's "
+                         "weight (an nn.Linear's .weight)")
+    if not isinstance(scales_dtype, torch.dtype) or not scales_dtype.is_floating_point:
+        raise TypeError(f"scales_dtype must be a floating torch dtype such as torch.float32, got {describe(scales_dtype)}")
     if not fake_cuda.is_fake(w) and not bool(torch.isfinite(w).all()):     # one host sync, once per layer
         raise ValueError("the weight holds NaN or infinity, which no int8 scale can represent (an inf row would "
                          "quantize to zeros with an inf scale); fix the weights before quantizing")
