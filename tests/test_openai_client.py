@@ -20,6 +20,12 @@ ERROR_EVENT, HTTP_500, DROP, TEXT_ONLY = 1, 2, 3, 4   # prompt[0] values that pi
 # ... and malformed streams no correct server sends: what each puts in place of a good chunk
 MALFORMED = {5: dict(token_ids=[1.5]), 6: dict(token_ids=[-4]), 7: dict(token_ids=[True]),
              8: dict(token_ids=[1, 2]), 9: dict(finish_reason=3)}
+# ... and whole events of the wrong shape (a raw AttributeError, KeyError or TypeError escaped the client before)
+BAD_EVENTS = {901: b"[1, 2]", 902: b'{"choices": {"0": {"text": "a"}}}', 903: b'{"choices": [5]}',
+              904: b'{"choices": [{"token_ids": 5}]}', 905: b'{"choices": [{"text": 5}]}', 906: b"not json",
+              907: b'"a string"'}
+# A /v1/models reply of the wrong shape, picked by the path prefix /models-<n>
+BAD_MODELS = {0: b"[1, 2]", 1: b'{"object": "list"}', 2: b'{"data": 5}', 3: b'{"data": [{"name": "x"}]}', 4: b"<html>"}
 
 
 def fake_tokens(prompt, n):
@@ -42,7 +48,12 @@ class FakeServer(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self):
-        if self.path == "/v1/models":
+        if self.path.startswith("/models-"):                # a server whose model list is malformed
+            body = BAD_MODELS[int(self.path.split("/")[1].removeprefix("models-"))]
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+        elif self.path == "/v1/models":
             self._send_json(200, {"object": "list", "data": [{"id": "fake-gpt", "object": "model"}]})
         else:
             self._send_json(404, {"error": "no such route"})
@@ -68,6 +79,9 @@ class FakeServer(BaseHTTPRequestHandler):
                 choice["token_ids"] = [tok]
             if prompt[0] in MALFORMED and k == n - 1:
                 choice.update(MALFORMED[prompt[0]])
+            if prompt[0] in BAD_EVENTS and k == n - 1:
+                self.wfile.write(b"data: " + BAD_EVENTS[prompt[0]] + b"\n\n")
+                continue
             self._event({"object": "text_completion", "choices": [choice]})
             self.wfile.write(b": keep-alive comment\n\n")  # SSE comments must be skipped
         self.wfile.write(b"data: [DONE]\n\n")
@@ -190,8 +204,11 @@ def test_base_url_may_end_in_v1(server):
 @pytest.mark.parametrize("bad, err, match", [
     ({"prompt_ids": [], "max_new_tokens": 2}, ValueError, "request 0: prompt_ids is empty"),
     ({"prompt_ids": "hello", "max_new_tokens": 2}, TypeError, "list of token ids"),
-    ({"prompt_ids": [1, 2.5], "max_new_tokens": 2}, TypeError, r"request 0: prompt_ids\[1\] must be an int, got float 2.5"),
-    ({"prompt_ids": [1, -3], "max_new_tokens": 2}, ValueError, r"request 0: prompt_ids\[1\] must be >= 0, got -3"),
+    ({"prompt_ids": [1, 2.5], "max_new_tokens": 2}, TypeError, r"request 0: prompt_ids\[1\] must be an int .*got float 2.5"),
+    ({"prompt_ids": [1, True], "max_new_tokens": 2}, TypeError, r"request 0: prompt_ids\[1\] must be an int .*got bool"),
+    ({"prompt_ids": [1, -3], "max_new_tokens": 2}, ValueError, r"request 0: prompt_ids holds token id -3; token ids are >= 0"),
+    ({"prompt_ids": [2 ** 64], "max_new_tokens": 2}, ValueError, r"prompt_ids\[0\]=18446744073709551616 is no token id"),
+    ({"prompt_ids": [[1, 2]], "max_new_tokens": 2}, TypeError, r"prompt_ids\[0\] must be an int .*got list"),
     ({"prompt_ids": [1], "max_new_tokens": 0}, ValueError, "request 0: max_new_tokens must be >= 1, got 0"),
     ({"prompt_ids": [1], "max_new_tokens": 2, "arrival_s": -1}, ValueError, "arrival_s .* got -1"),
     ({"prompt_ids": [1], "max_new_tokens": 2, "arrival_s": float("inf")}, ValueError, "arrival_s"),
@@ -228,6 +245,33 @@ def test_a_malformed_stream_is_refused_naming_the_server(server, marker, match):
     assert not res.ok and res.finish_reason == "error"
     assert server in res.error and re.search(match, res.error), res.error
     assert len(res.tokens) == 2                                    # what came before the bad chunk stays
+
+
+@pytest.mark.parametrize("marker, match", [
+    (901, "JSON is a list"), (902, "'choices' is a dict"), (903, r"choices\[0\] is a int"),
+    (904, r"'token_ids'\] is a int"), (905, r"'text'\] is a int"), (906, "not JSON: b'not json'"), (907, "JSON is a str")])
+def test_a_reply_of_the_wrong_shape_is_refused_naming_the_server_and_what_it_held(server, marker, match):
+    res = OpenAIClient(server).complete([marker, 9], 3)
+    assert not res.ok and res.error.startswith("ServerError") and server in res.error and re.search(match, res.error), \
+        res.error
+    assert len(res.tokens) == 2                                    # what came before the bad event stays
+
+
+@pytest.mark.parametrize("which, match", [(0, "reply is a list without 'data'"), (1, "reply is a dict without 'data'"),
+                                          (2, "'data' is a int"), (3, r"data\[0\] has no model name 'id'"),
+                                          (4, "reply is not JSON")])
+def test_a_malformed_model_list_is_refused_naming_the_server(server, which, match):
+    with pytest.raises(ConnectionError, match=match) as info:
+        OpenAIClient(f"{server}/models-{which}").models()
+    assert f"{server}/models-{which}/v1/models" in str(info.value)
+
+
+@pytest.mark.parametrize("url, match", [("http://[::1", "not a URL .*Invalid IPv6"), ("http://127.0.0.1:65536", "port"),
+                                        ("http://127.0.0.1:-1", "port"), ("http://127.0.0.1:http", "port")])
+def test_a_bad_url_is_refused_by_the_client_not_by_urllib(url, match):
+    with pytest.raises(ValueError, match=match) as info:
+        OpenAIClient(url)
+    assert "base_url" in str(info.value)
 
 
 def test_arrivals_are_capped_as_the_engine_caps_them():

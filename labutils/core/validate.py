@@ -243,9 +243,10 @@ def check_device(name: str, value, kinds=DEVICE_KINDS, *, here: bool = True) -> 
     return device
 
 
-def check_token_ids(name: str, ids, vocab_size: int, context_length: int | None = None, start: int = 0) -> None:
+def check_token_ids(name: str, ids, vocab_size: int | None, context_length: int | None = None, start: int = 0) -> None:
     """An integer tensor [batch, seq] of ids in [0, vocab_size), with start + seq within context_length.
 
+    vocab_size=None (a remote server's vocabulary, unknown here) checks only that ids are >= 0.
     Reading the values is a host sync: call it once per request, not once per decode step.
     """
     if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int64, torch.int32):
@@ -259,7 +260,10 @@ def check_token_ids(name: str, ids, vocab_size: int, context_length: int | None 
         lo, hi = 0, 0
     else:
         lo, hi = int(ids.min()), int(ids.max())
-    if lo < 0 or hi >= vocab_size:
+    if vocab_size is None:
+        if lo < 0:
+            raise ValueError(f"{name} holds token id {lo}; token ids are >= 0: encode text with the model's tokenizer")
+    elif lo < 0 or hi >= vocab_size:
         raise ValueError(f"{name} holds token id {hi if hi >= vocab_size else lo}, outside the vocab of size "
                          f"{vocab_size} (ids 0..{vocab_size - 1}); encode with the tokenizer that matches this model")
     if context_length is not None and start + ids.shape[1] > context_length:
@@ -281,6 +285,30 @@ def check_model(name: str, model, *, weights: bool = True):
             raise ValueError(f"the {name}'s weights are on the meta device (shapes without values), so it cannot run; "
                              "build it with labutils.model.build or load weights (labutils.model.load_checkpoint)")
     return model
+
+
+def check_prompt_ids(name: str, ids, vocab_size: int | None = None, context_length: int | None = None) -> tuple[int, ...]:
+    """One prompt's token ids: a non-empty list or tuple of ints, or a 1-D integer tensor or array; returns a tuple of
+    ints. Each id is an int (never a bool or a float, even 3.0); their range is check_token_ids'."""
+    if isinstance(ids, (torch.Tensor, np.ndarray)):
+        if ids.ndim != 1:
+            raise ValueError(f"{name} must be one prompt, a 1-D sequence of token ids, got shape {tuple(ids.shape)}; "
+                             "pass one row, e.g. ids[0]")
+        ids = ids.tolist()
+    if isinstance(ids, (str, bytes, dict, set, frozenset)) or not isinstance(ids, (list, tuple, range)):
+        raise TypeError(f"{name} must be a list of token ids, got {describe(ids)}; encode text with the model's "
+                        "tokenizer first")
+    if len(ids) == 0:
+        raise ValueError(f"{name} is empty; a prompt needs at least one token")
+    for i, t in enumerate(ids):
+        if not _is_integer(t):
+            raise TypeError(f"{name}[{i}] must be an int (a token id), got {describe(t)}; encode text with the "
+                            "model's tokenizer, whose ids are ints")
+        if not -2 ** 63 <= t < 2 ** 63:
+            raise ValueError(f"{name}[{i}]={t} is no token id of any vocabulary; encode text with the model's tokenizer")
+    ids = tuple(int(t) for t in ids)
+    check_token_ids(name, torch.tensor([ids], dtype=torch.long), vocab_size, context_length)
+    return ids
 
 
 def model_dtype(model) -> torch.dtype:
@@ -356,5 +384,5 @@ def check_timestamps(name: str, timestamps) -> list[float]:
 
 __all__ = ["DEVICE_KINDS", "DeviceUnavailableError", "DoesNotFitError", "check_cache", "check_choice", "check_count",
            "check_device", "check_dtype", "check_flag", "check_model", "check_number", "check_path", "check_positive",
-           "check_probability", "check_row", "check_seed", "check_temperature", "check_timestamps", "check_token_ids",
+           "check_probability", "check_prompt_ids", "check_row", "check_seed", "check_temperature", "check_timestamps", "check_token_ids",
            "parse_dtype", "describe", "device_available", "model_device", "model_dtype"]

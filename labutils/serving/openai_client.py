@@ -8,6 +8,8 @@ Only the standard library is used: one thread per request in flight, bounded by 
 """
 from __future__ import annotations
 
+import dataclasses
+
 import http.client
 import json
 import time
@@ -17,7 +19,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from labutils.perf import timing
-from labutils.core.validate import check_count, check_number, check_positive
+from labutils.core.validate import check_count, check_number, check_positive, check_prompt_ids
 from labutils.serving.workload import MAX_ARRIVAL_S, Request   # one request type drives the course's engine and a server
 
 # vLLM's extensions to the OpenAI API: the ids of each streamed token (a server started with
@@ -73,15 +75,7 @@ def as_request(r, index: int) -> Request:
     if ids is None or n is None:
         raise TypeError(f"{where} is a {type(r).__name__}; a request needs prompt_ids and max_new_tokens "
                         "(and optionally arrival_s, id): use labutils.serving.workload.Request")
-    if hasattr(ids, "tolist"):
-        ids = ids.tolist()                 # a 1-D tensor or array of ids
-    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
-        raise TypeError(f"{where}: prompt_ids must be a list of token ids, got {type(ids).__name__}; "
-                        "encode text with the model's tokenizer first")
-    ids = tuple(ids)
-    if not ids:
-        raise ValueError(f"{where}: prompt_ids is empty; a prompt needs at least one token")
-    ids = tuple(check_count(f"{where}: prompt_ids[{i}]", t, 0) for i, t in enumerate(ids))
+    ids = check_prompt_ids(f"{where}: prompt_ids", ids)      # the server's vocabulary is unknown here: ids >= 0
     n = check_count(f"{where}: max_new_tokens", n, 1)
     arrival = check_number(f"{where}: arrival_s", arrival, minimum=0, maximum=MAX_ARRIVAL_S,
                            hint="seconds after the run starts, on the real clock (an hour at most, as the engine)")
@@ -89,17 +83,56 @@ def as_request(r, index: int) -> Request:
     return Request(ids, n, arrival, index if rid is None else rid)
 
 
-def _chunk_tokens(chunk: dict) -> tuple[list[int | None], str, str | None]:
-    """(token ids, text, finish_reason) of one streamed completion chunk."""
+def _chunk_tokens(chunk, server: str) -> tuple[list[int | None], str, str | None]:
+    """(token ids, text, finish_reason) of one streamed completion chunk; a chunk of another shape is the server's
+    mistake, said as a ServerError that names the server and what its reply held."""
+    def wrong(what: str) -> ServerError:
+        return ServerError(f"{server} streamed a chunk whose {what}; an OpenAI completions chunk is "
+                           "{'choices': [{'text': ..., 'token_ids': [...], 'finish_reason': ...}]}: "
+                           "is it an OpenAI-compatible completions server?")
+    if not isinstance(chunk, dict):
+        raise wrong(f"JSON is a {type(chunk).__name__} ({_cut(chunk)}), not an object")
     choices = chunk.get("choices") or []
+    if not isinstance(choices, list):
+        raise wrong(f"'choices' is a {type(choices).__name__} ({_cut(choices)}), not a list")
     if not choices:                       # e.g. a usage-only chunk
         return [], "", None
     c = choices[0]
+    if not isinstance(c, dict):
+        raise wrong(f"choices[0] is a {type(c).__name__} ({_cut(c)}), not an object")
     text = c.get("text") or ""
+    if not isinstance(text, str):
+        raise wrong(f"choices[0]['text'] is a {type(text).__name__} ({_cut(text)}), not a string")
     ids = c.get("token_ids")              # vLLM and SGLang with return_token_ids
     if ids is None:
         ids = [None] if text else []      # a text-only server: one chunk is one token, id unknown
+    elif not isinstance(ids, list):
+        raise wrong(f"choices[0]['token_ids'] is a {type(ids).__name__} ({_cut(ids)}), not a list")
     return list(ids), text, c.get("finish_reason")
+
+
+def _cut(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _model_names(body: bytes, where: str) -> list[str]:
+    """The names in a /v1/models reply, {"data": [{"id": name, ...}, ...]}; any other reply says what it held."""
+    def wrong(what: str) -> ConnectionError:
+        return ConnectionError(f"{where} did not return an OpenAI model list ({{'data': [{{'id': ...}}]}}): {what}; "
+                               "is it an OpenAI-compatible server?")
+    try:
+        reply = json.loads(body)
+    except ValueError:
+        raise wrong(f"its reply is not JSON ({_cut(body[:200])})") from None
+    if not isinstance(reply, dict) or "data" not in reply:
+        raise wrong(f"its reply is a {type(reply).__name__} without 'data' ({_cut(reply)})")
+    if not isinstance(reply["data"], list):
+        raise wrong(f"its 'data' is a {type(reply['data']).__name__} ({_cut(reply['data'])}), not a list")
+    for i, m in enumerate(reply["data"]):
+        if not isinstance(m, dict) or not isinstance(m.get("id"), str):
+            raise wrong(f"data[{i}] has no model name 'id' ({_cut(m)})")
+    return [m["id"] for m in reply["data"]]
 
 
 class OpenAIClient:
@@ -113,7 +146,11 @@ class OpenAIClient:
                  extra_body: dict | None = None, api_key: str | None = None):
         if not isinstance(base_url, str):
             raise TypeError(f"base_url must be a string such as 'http://127.0.0.1:8000', got {type(base_url).__name__}")
-        parts = urlsplit(base_url)
+        try:
+            parts = urlsplit(base_url)
+        except ValueError as err:           # e.g. an unclosed IPv6 bracket: urllib says only "Invalid IPv6 URL"
+            raise ValueError(f"base_url={base_url!r} is not a URL ({err}); write it like 'http://127.0.0.1:8000' "
+                             "(an IPv6 host in brackets: 'http://[::1]:8000')") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"base_url={base_url!r} is not an http(s) URL; write it like 'http://127.0.0.1:8000'")
         try:
@@ -146,8 +183,9 @@ class OpenAIClient:
             conn.request("GET", self._prefix + "/v1/models", headers=self._headers)
             resp = conn.getresponse()
             body = resp.read()
-        except OSError as err:
-            raise ConnectionError(f"cannot reach an OpenAI-compatible server at {self.base_url} ({err}); "
+        except (OSError, http.client.HTTPException) as err:
+            raise ConnectionError(f"cannot reach an OpenAI-compatible server at {self.base_url} "
+                                  f"({type(err).__name__}: {err}); "
                                   "start the server (for vLLM: `make vllm`, then "
                                   "labutils.serving.vllm_server.VLLMServer) or fix the URL") from None
         finally:
@@ -155,10 +193,7 @@ class OpenAIClient:
         if resp.status != 200:
             raise ConnectionError(f"{self.base_url}/v1/models answered HTTP {resp.status} "
                                   f"({body[:200].decode(errors='replace')}); is it an OpenAI-compatible server?")
-        try:
-            return [m["id"] for m in json.loads(body)["data"]]
-        except (ValueError, KeyError, TypeError):
-            raise ConnectionError(f"{self.base_url}/v1/models did not return an OpenAI model list") from None
+        return _model_names(body, f"{self.base_url}/v1/models")
 
     def _model(self) -> str:
         if self.model is None:
@@ -216,7 +251,7 @@ class OpenAIClient:
     def _stream(self, req: Request, start: float) -> StreamResult:
         """Send one request and read its event stream; `start` is its arrival on the perf_counter clock."""
         res = StreamResult(req.id, len(req.prompt_ids), req.max_new_tokens, req.arrival_s)
-        sampling = {k: v for k, v in req.sampling.items() if v is not None}   # top_k and seed: vLLM's extras
+        sampling = {k: v for k, v in dataclasses.asdict(req.sampling).items() if v is not None}   # top_k and seed: vLLM's extras
         body = {"model": self.model, "prompt": list(req.prompt_ids), "max_tokens": req.max_new_tokens,
                 "stream": True, **sampling, **self.extra_body}
         conn = self._connection()
@@ -224,7 +259,8 @@ class OpenAIClient:
             conn.request("POST", self._prefix + "/v1/completions", body=json.dumps(body), headers=self._headers)
             resp = conn.getresponse()
             if resp.status != 200:
-                raise ServerError(f"HTTP {resp.status}: {resp.read(500).decode(errors='replace')}")
+                raise ServerError(f"{self.base_url} answered HTTP {resp.status}: "
+                                  f"{resp.read(500).decode(errors='replace')}")
             for line in resp:                 # one SSE line at a time, as it arrives
                 now = time.perf_counter()
                 if not line.startswith(b"data:"):
@@ -232,17 +268,21 @@ class OpenAIClient:
                 data = line[5:].strip()
                 if data == b"[DONE]":
                     break
-                chunk = json.loads(data)
-                if "error" in chunk or chunk.get("object") == "error":
-                    raise ServerError(f"error event mid-stream: {chunk.get('error', chunk)}")
-                ids, text, finish = _chunk_tokens(chunk)
+                try:
+                    chunk = json.loads(data)
+                except ValueError:
+                    raise ServerError(f"{self.base_url} streamed an event that is not JSON: {_cut(data)}") from None
+                if isinstance(chunk, dict) and ("error" in chunk or chunk.get("object") == "error"):
+                    raise ServerError(f"{self.base_url} sent an error event mid-stream: {chunk.get('error', chunk)}")
+                ids, text, finish = _chunk_tokens(chunk, self.base_url)
                 self._check_chunk(ids, finish, len(res.tokens), req.max_new_tokens)
                 res.tokens += ids
                 res.timestamps += [now - start] * len(ids)
                 res.text += text
                 res.finish_reason = finish or res.finish_reason
             if res.finish_reason is None:
-                raise ServerError(f"the stream ended after {len(res.tokens)} tokens without a finish_reason")
+                raise ServerError(f"{self.base_url}'s stream ended after {len(res.tokens)} tokens without a "
+                                  "finish_reason")
         except (OSError, http.client.HTTPException, ValueError, ServerError) as err:
             res.finish_reason, res.error = "error", f"{type(err).__name__}: {err}"
         finally:
