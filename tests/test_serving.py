@@ -491,8 +491,8 @@ def test_decode_rows_attend_in_groups_of_similar_length():
     cache.ensure(40)
     rows = [Row([0], 2, 1), Row([1, 2], 5, 1), Row([3, 4], 6, 1), Row(list(range(5, 25)), 70, 1), Row([25, 26], 0, 7)]
     view = cache.batch(rows)
-    assert [(lo, hi, tuple(t.shape)) for lo, hi, t, _ in view._groups] == [(0, 3, (3, 2)), (3, 4, (1, 20))]
-    assert [(start, n, len(t)) for start, n, t in view._chunks] == [(0, 7, 2)]
+    assert [(g.first, g.end, tuple(g.tables.shape)) for g in view._groups] == [(0, 3, (3, 2)), (3, 4, (1, 20))]
+    assert [(c.start, c.n, len(c.table)) for c in view._chunks] == [(0, 7, 2)]
     assert view.positions.tolist() == [2, 5, 6, 70, 0, 1, 2, 3, 4, 5, 6]
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections import Counter, OrderedDict, defaultdict, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 
 from labutils.core.validate import check_count, check_flag
@@ -19,6 +19,22 @@ def block_hash(parent: bytes | None, tokens: tuple[int, ...]) -> bytes:
     digest = hashlib.sha256(parent or b"")            # a key is 32 bytes, so no parent (b"") is told apart
     digest.update(array("q", tokens).tobytes())       # 8 bytes per token id
     return digest.digest()
+
+
+@dataclass(slots=True)
+class Block:
+    """One block's state, in one record (as nano-vllm's Block): how many block tables hold it, and, once it is full
+    and keyed, the prefix it holds. A block is in use while ref_count > 0; a free block with a key is *cached*."""
+
+    id: int
+    ref_count: int = 0
+    key: bytes | None = None            # block_hash(parent, tokens): its prefix-cache key, None while unkeyed
+    parent: bytes | None = None         # the previous block's key; lookup compares it and the tokens, not just
+    tokens: tuple[int, ...] = ()        # the hash, so a collision can never hand out the wrong keys and values
+
+    def forget(self) -> None:
+        """Drop the prefix it held: it is about to be written with other tokens."""
+        self.key, self.parent, self.tokens = None, None, ()
 
 
 @dataclass
@@ -47,9 +63,10 @@ class BlockManager:
         limit = n_blocks if limit_blocks is None else check_count("limit_blocks", limit_blocks, 0)
         self.n_blocks, self.block_size, self.limit_blocks = n_blocks, block_size, limit
         self.prefix_caching = check_flag("prefix_caching", prefix_caching) and limit > 0   # nothing kept: nothing keyed
-        self._ref: defaultdict[int, int] = defaultdict(int)   # nothing stored per block until it is used
-        self._key: dict[int, tuple[bytes, bytes | None, tuple[int, ...]]] = {}   # block -> (key, parent key, tokens)
-        self._by_key: dict[bytes, int] = {}
+        # Block records exist for ids below high_water only (a block gets one when it is first handed out), so a
+        # large pool costs nothing until the load needs it. The other three are indexes over those records.
+        self._blocks: list[Block] = []
+        self._by_key: dict[bytes, int] = {}                    # prefix-cache key -> the block holding it
         self._free: deque[int] = deque()                       # plain free blocks
         self._cached: OrderedDict[int, None] = OrderedDict()   # free and keyed, least recently used first
         self.high_water = 0        # ids below this have been handed out at least once
@@ -62,7 +79,7 @@ class BlockManager:
         return len(self._cached)
 
     def refcount(self, block: int) -> int:
-        return self._ref[block]
+        return self._blocks[block].ref_count if 0 <= block < self.high_water else 0
 
     def available(self, exclude=()) -> int:
         """Blocks a new allocation could take: plain free, never used, and cached ones not in `exclude`."""
@@ -86,8 +103,8 @@ class BlockManager:
             chunk = tuple(tokens[i * bs:(i + 1) * bs])
             key = block_hash(parent, chunk)
             block = self._by_key.get(key)
-            if block is None or self._key[block][1:] != (parent, chunk):   # absent, or a hash collision
-                break
+            if block is None or (self._blocks[block].parent, self._blocks[block].tokens) != (parent, chunk):
+                break                                                      # absent, or a hash collision
             hits.append(block)
             keys.append(key)
             parent = key
@@ -106,9 +123,10 @@ class BlockManager:
             chunk, parent = tuple(tokens[i * bs:(i + 1) * bs]), (keys[-1] if keys else None)
             key = block_hash(parent, chunk)
             keys.append(key)
-            if key not in self._by_key and table[i] not in self._key:
-                self._by_key[key] = table[i]
-                self._key[table[i]] = (key, parent, chunk)
+            block = self._blocks[table[i]]
+            if key not in self._by_key and block.key is None:
+                self._by_key[key] = block.id
+                block.key, block.parent, block.tokens = key, parent, chunk
 
     # -- allocation --------------------------------------------------------------------------------
 
@@ -140,28 +158,30 @@ class BlockManager:
         Freeing a table twice, or a block that was never handed out, is refused before anything changes.
         """
         for block, n in Counter(table).items():
-            if not (isinstance(block, int) and 0 <= block < self.high_water) or self._ref[block] < n:
+            if not (isinstance(block, int) and 0 <= block < self.high_water) or self._blocks[block].ref_count < n:
+                held = self._blocks[block].ref_count if isinstance(block, int) and 0 <= block < self.high_water else 0
                 raise ValueError(
-                    f"free: block {block!r} is not in use (reference count {self._ref.get(block, 0)}, freed "
+                    f"free: block {block!r} is not in use (reference count {held}, freed "
                     f"{n} time(s) here): this table was freed already, or holds a block that was never "
                     "allocated; free each allocation's table exactly once")
         plain = []
-        for block in reversed(table):
-            self._ref[block] -= 1
-            if self._ref[block] == 0:
+        for block in map(self._blocks.__getitem__, reversed(table)):
+            block.ref_count -= 1
+            if block.ref_count == 0:
                 self.used -= 1
-                if block in self._key:
-                    self._cached[block] = None        # most recently used end
+                if block.key is not None:
+                    self._cached[block.id] = None     # most recently used end
                 else:
-                    plain.append(block)
+                    plain.append(block.id)
         self._free.extend(reversed(plain))            # plain blocks keep table order: the next request gets them so
         self._enforce_limit()
 
     def _incref(self, block: int) -> None:
-        if self._ref[block] == 0:
+        record = self._blocks[block]
+        if record.ref_count == 0:
             self._cached.pop(block, None)
             self.used += 1
-        self._ref[block] += 1
+        record.ref_count += 1
 
     def _take(self) -> int:
         """One block with refcount 1: a plain free one, a never-used one while the limit allows, else the LRU cached one."""
@@ -170,20 +190,22 @@ class BlockManager:
         elif self.high_water < self.n_blocks and (self.used + len(self._cached) < self.limit_blocks
                                                   or not self._cached):
             block, self.high_water = self.high_water, self.high_water + 1
+            self._blocks.append(Block(block))
         elif self._cached:
             block = self._evict()
         else:
             raise RuntimeError("no free KV block; check available() before taking one")
-        self._ref[block] = 1
+        self._blocks[block].ref_count = 1
         self.used += 1
         self._enforce_limit()
         return block
 
     def _evict(self) -> int:
         block, _ = self._cached.popitem(last=False)
-        key = self._key.pop(block)[0]
-        if self._by_key.get(key) == block:
-            del self._by_key[key]
+        record = self._blocks[block]
+        if self._by_key.get(record.key) == block:
+            del self._by_key[record.key]
+        record.forget()
         self.evictions += 1
         return block
 
@@ -192,4 +214,4 @@ class BlockManager:
             self._free.append(self._evict())
 
 
-__all__ = ["Allocation", "BlockManager", "block_hash"]
+__all__ = ["Allocation", "Block", "BlockManager", "block_hash"]

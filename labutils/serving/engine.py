@@ -1,6 +1,7 @@
 """The course's serving engine: requests in, continuous batching over a paged KV cache, per-token timestamps out."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -9,14 +10,13 @@ import torch
 from labutils.core import fake_cuda
 from labutils.perf import quiet
 from labutils.core.progress_bar import Steps
-from labutils.decode.sampling import check_sampling
 from labutils.perf.roofline import kv_bytes_per_token
-from labutils.core.validate import check_choice, check_count, check_flag, check_number, check_seed, model_dtype
+from labutils.core.validate import check_choice, check_count, check_flag, check_number, model_dtype
 from labutils.serving.blocks import BlockManager
 from labutils.serving.runner import ModelRunner
 from labutils.serving.scheduler import MODES, Scheduler
 from labutils.serving.sequence import Sequence
-from labutils.serving.workload import MAX_ARRIVAL_S, RequestResult, Summary, Workload, summarize
+from labutils.serving.workload import MAX_ARRIVAL_S, RequestResult, SamplingParams, Summary, Workload, summarize
 
 
 class Engine:
@@ -98,13 +98,11 @@ class Engine:
         arrival_s = check_number("arrival_s", arrival_s, minimum=0, maximum=MAX_ARRIVAL_S,
                                  hint="seconds after the workload starts, on the real clock")
         eos_id = self._check_eos(eos_id)
-        check_sampling(temperature, top_k, top_p)
-        seed = None if seed is None else check_seed(seed)
+        sampling = SamplingParams(temperature, top_k, top_p, seed)
         if self._t0 is not None:             # the clock runs: a request cannot arrive in the past
             arrival_s = max(float(arrival_s), self.clock())
-        generator = fake_cuda.generator(self.runner.device, seed) if temperature > 0 else None
-        return self._queue(Sequence(self._next_id, prompt, max_new_tokens, arrival_s, eos_id, float(temperature),
-                                    top_k, top_p, generator))
+        generator = fake_cuda.generator(self.runner.device, sampling.seed) if sampling.temperature > 0 else None
+        return self._queue(Sequence(self._next_id, prompt, max_new_tokens, arrival_s, eos_id, sampling, generator))
 
     def submit_prefilled(self, prompt_ids, first_token: int, first_token_s: float, kv, max_new_tokens: int, *,
                          arrival_s: float, ready_s: float, eos_id: int | None = None) -> int:
@@ -259,7 +257,8 @@ def run_workload(engine: Engine, workload: Workload, progress_desc: str = "",
         raise TypeError(f"workload must be a serving.workload.Workload, got {type(workload).__name__}")
     if engine.busy:
         raise RuntimeError("the engine is still serving an earlier workload; call run() first")
-    ids = [engine.submit(r.prompt_ids, r.max_new_tokens, r.arrival_s, r.eos_id, **r.sampling) for r in workload]
+    ids = [engine.submit(r.prompt_ids, r.max_new_tokens, r.arrival_s, r.eos_id, **dataclasses.asdict(r.sampling))
+           for r in workload]
     bar = Steps(len(ids) if progress_desc else 0, progress_desc)
 
     def step(done):

@@ -1,6 +1,7 @@
 """The paged KV cache's storage (a pool of blocks per layer) and the per-forward view GPT.forward reads it through."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -106,6 +107,28 @@ class Row(NamedTuple):
     n: int
 
 
+@dataclass
+class DecodeGroup:
+    """Decode rows first .. end - 1 of a packed batch, attending in one call: their tables padded to `width` blocks
+    (the longest), never more than twice the shortest (`narrowest`). `tables` and `mask` are set on the device."""
+
+    first: int
+    end: int
+    narrowest: int
+    width: int
+    tables: torch.Tensor | None = None          # [rows, width] block ids
+    mask: torch.Tensor | None = None            # [rows, 1, 1, width * block_size]: each row's written positions
+
+
+class PrefillChunk(NamedTuple):
+    """A prefill row of a packed batch, attending alone: positions start .. start + n - 1, over `table`, its
+    blocks up to its last position (on the device)."""
+
+    start: int
+    n: int
+    table: torch.Tensor
+
+
 class PackedBatch:
     """One forward's view of the pool: a model.cache.Cache, the interface GPT.forward expects.
 
@@ -138,15 +161,15 @@ class PackedBatch:
         # slot to read, always masked out); each prefill chunk's table up to its last position.
         positions = [p for r in rows for p in range(r.start, r.start + r.n)]
         slots = [s for r in rows for s in slots_of(r.table, r.start, r.n, bs)]
-        groups = []                                   # [first row, end row, shortest table, longest table]
+        groups: list[DecodeGroup] = []
         for i, r in enumerate(rows[:self.n_decode]):
             w = len(r.table)
-            if groups and groups[-1][2] <= w <= 2 * groups[-1][2]:
-                groups[-1][1], groups[-1][3] = i + 1, max(groups[-1][3], w)
+            if groups and groups[-1].narrowest <= w <= 2 * groups[-1].narrowest:
+                groups[-1].end, groups[-1].width = i + 1, max(groups[-1].width, w)
             else:
-                groups.append([i, i + 1, w, w])
-        padded = [b for lo, hi, _, width in groups for r in rows[lo:hi]
-                  for b in r.table + [r.table[-1]] * (width - len(r.table))]
+                groups.append(DecodeGroup(i, i + 1, w, w))
+        padded = [b for g in groups for r in rows[g.first:g.end]
+                  for b in r.table + [r.table[-1]] * (g.width - len(r.table))]
         chunk_tables = [r.table[:-(-(r.start + r.n) // bs)] for r in rows[self.n_decode:]]
         host = torch.tensor(positions + slots + padded + [b for t in chunk_tables for b in t])
         device = cache.device
@@ -155,14 +178,16 @@ class PackedBatch:
         index = host.to(device, non_blocking=True)
         N = len(positions)
         self.positions, self._write = index[:N], index[N:2 * N]
-        self._groups, at = [], 2 * N              # (first row, end row, padded tables, mask) per decode group
-        for lo, hi, _, width in groups:
-            tables = index[at:at + (hi - lo) * width].view(hi - lo, width)
-            self._groups.append((lo, hi, tables, paged_mask(self.positions[lo:hi, None], width * bs)))
-            at += (hi - lo) * width
+        at = 2 * N
+        for g in groups:
+            rows_in = g.end - g.first
+            g.tables = index[at:at + rows_in * g.width].view(rows_in, g.width)
+            g.mask = paged_mask(self.positions[g.first:g.end, None], g.width * bs)
+            at += rows_in * g.width
+        self._groups = groups
         self._chunks = []
         for r, t in zip(rows[self.n_decode:], chunk_tables):
-            self._chunks.append((r.start, r.n, index[at:at + len(t)]))
+            self._chunks.append(PrefillChunk(r.start, r.n, index[at:at + len(t)]))
             at += len(t)
 
     @property
@@ -190,10 +215,10 @@ class PackedBatch:
         for pool, new in ((k_pool, k), (v_pool, v)):
             pool.index_copy_(0, self._write, new[0].transpose(0, 1))
         out = []
-        for lo, hi, tables, mask in self._groups:
-            qd = q[0, :, lo:hi].transpose(0, 1)[:, :, None]                          # [rows, n_head, 1, head_dim]
-            kd, vd = gather_blocks(k_pool, tables, bs), gather_blocks(v_pool, tables, bs)
-            out.append(attention(qd, kd, vd, impl=impl, mask=mask)[:, :, 0].transpose(0, 1))
+        for g in self._groups:
+            qd = q[0, :, g.first:g.end].transpose(0, 1)[:, :, None]                  # [rows, n_head, 1, head_dim]
+            kd, vd = gather_blocks(k_pool, g.tables, bs), gather_blocks(v_pool, g.tables, bs)
+            out.append(attention(qd, kd, vd, impl=impl, mask=g.mask)[:, :, 0].transpose(0, 1))
         offset = self.n_decode
         for start, n, table in self._chunks:
             end = start + n
@@ -208,4 +233,4 @@ class PackedBatch:
         after the step (Scheduler.postprocess)."""
 
 
-__all__ = ["PackedBatch", "PagedKVCache", "Row"]
+__all__ = ["DecodeGroup", "PackedBatch", "PagedKVCache", "PrefillChunk", "Row"]

@@ -61,8 +61,9 @@ class ModelRunner:
             check_logits(logits[first])
         tokens = logits.argmax(dim=-1)
         for i, s in enumerate(seqs):
-            if s.temperature > 0:
-                tokens[i] = sample(logits[i:i + 1], s.temperature, s.top_k, s.top_p, s.generator, check=False)[0]
+            p = s.sampling
+            if p.temperature > 0:
+                tokens[i] = sample(logits[i:i + 1], p.temperature, p.top_k, p.top_p, s.generator, check=False)[0]
         return tokens
 
     def read(self, seq: Sequence) -> tuple[torch.Tensor, torch.Tensor]:

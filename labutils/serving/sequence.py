@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from labutils.serving.workload import RequestResult
+from labutils.serving.workload import GREEDY, RequestResult, SamplingParams
 
 
 @dataclass(eq=False)
@@ -13,8 +13,8 @@ class Sequence:
     """A request as the scheduler moves it: waiting -> running (-> preempted -> waiting ...) -> finished.
 
     `n_computed` counts the positions whose keys and values are in its blocks: `remaining` tokens are left to
-    feed (the whole prompt at first, perhaps in chunks, then one token per decode step). Sampling options
-    are generate()'s; `generator` is the request's own seeded random stream, so its tokens do not depend on
+    feed (the whole prompt at first, perhaps in chunks, then one token per decode step). `sampling` is the
+    request's SamplingParams; `generator` is its own seeded random stream, so its tokens do not depend on
     what else runs beside it.
 
     Compared by identity (eq=False): the scheduler's `seq in running` and `running.remove(seq)` would
@@ -26,9 +26,7 @@ class Sequence:
     max_new_tokens: int
     arrival_s: float
     eos_id: int | None = None
-    temperature: float = 0.0
-    top_k: int | None = None
-    top_p: float | None = None
+    sampling: SamplingParams = GREEDY
     generator: torch.Generator | None = field(default=None, repr=False)
     ready_s: float | None = None                         # when it may join: arrival_s, or when its handed-over KV lands
     kv: tuple | None = field(default=None, repr=False)   # handed-over keys and values, until the engine stores them

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from labutils.decode.sampling import check_sampling
 from labutils.perf import timing
 from labutils.core.validate import DoesNotFitError, check_count, check_number, check_positive, check_seed
 
@@ -25,13 +26,33 @@ MAX_TOKENS = 2 ** 25
 
 
 @dataclass(frozen=True)
+class SamplingParams:
+    """How a request picks its tokens, with generate()'s options: temperature 0 is greedy (argmax); top_k and top_p
+    trim the distribution; seed makes a sampled request reproducible. One record for a workload's Request, the
+    engine's Sequence and a server's request body. Checked when made, so a bad option is refused where it is typed."""
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+
+    def __post_init__(self):
+        check_sampling(self.temperature, self.top_k, self.top_p)
+        object.__setattr__(self, "temperature", float(self.temperature))     # 1 and 1.0 are one setting
+        if self.seed is not None:
+            object.__setattr__(self, "seed", check_seed(self.seed))
+
+
+GREEDY = SamplingParams()
+
+
+@dataclass(frozen=True)
 class Request:
     """One request, for the course's Engine (its submit() arguments) and for a server client alike.
 
     arrival_s counts seconds after the workload starts. id None means its index in the workload.
     eos_id: the token that ends the answer early (the engine's; the client runs to max_new_tokens).
-    temperature, top_k, top_p and seed: generate()'s sampling options (0: greedy); a server gets them in its
-    request body.
+    sampling: how it picks tokens (greedy unless told); a server gets the options in its request body.
     """
 
     prompt_ids: tuple[int, ...]
@@ -39,15 +60,7 @@ class Request:
     arrival_s: float = 0.0
     id: int | None = None
     eos_id: int | None = None
-    temperature: float = 0.0
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int | None = None
-
-    @property
-    def sampling(self) -> dict:
-        """The sampling options, as Engine.submit takes them."""
-        return dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed)
+    sampling: SamplingParams = GREEDY
 
 
 @dataclass(frozen=True)
@@ -266,5 +279,5 @@ def summarize(finished, wall_s: float, slo: SLO | dict | None = None) -> Summary
         slo=slo)
 
 
-__all__ = ["COMPLETED", "MAX_ARRIVAL_S", "Request", "RequestResult", "SLO", "Stats", "Summary", "Workload", "make_workload",
-           "summarize"]
+__all__ = ["COMPLETED", "GREEDY", "make_workload", "MAX_ARRIVAL_S", "Request", "RequestResult", "SamplingParams",
+           "SLO", "Stats", "summarize", "Summary", "Workload"]
