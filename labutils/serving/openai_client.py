@@ -9,7 +9,6 @@ Only the standard library is used: one thread per request in flight, bounded by 
 from __future__ import annotations
 
 import dataclasses
-
 import http.client
 import json
 import time
