@@ -7,9 +7,9 @@ import torch
 import torch._dynamo
 
 from labutils.decode import fastgen
-from labutils.decode.fastgen import (STAGES, FastDecoder, FastGenerationResult, check_graph_ready, fast_generate,
-                                     pick_token)
-from labutils.decode.loop import GenerationResult, generate, sampling_probs
+from labutils.decode.fastgen import STAGES, FastDecoder, FastGenerationResult, check_graph_ready, fast_generate
+from labutils.decode.loop import GenerationResult, generate
+from labutils.decode.sampling import sample, sampling_probs
 from labutils.decode.kvcache import KVCache
 from labutils.model.gpt import GPT, GPTConfig
 from labutils.decode.static_cache import StaticKVCache
@@ -159,7 +159,7 @@ def test_readiness_check_catches_a_python_int_position():
 @pytest.mark.parametrize("sabotage", ["item", "branch"])
 def test_readiness_check_catches_a_host_read(monkeypatch, sabotage):
     dec = prefilled(fp32_model(2, seed=1, n_layer=1), prompt(1, 8))
-    real = fastgen.pick_token
+    real = fastgen.sample
 
     def with_host_read(logits, *args, **kwargs):
         token = real(logits, *args, **kwargs)
@@ -167,7 +167,7 @@ def test_readiness_check_catches_a_host_read(monkeypatch, sabotage):
             return token + 0 * logits[0, 0].item()
         return token if logits[0, 0].item() < 1e30 else token + 1    # a Python branch on a device value
 
-    monkeypatch.setattr(fastgen, "pick_token", with_host_read)
+    monkeypatch.setattr(fastgen, "sample", with_host_read)
     with pytest.raises((torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError,
                         torch._dynamo.exc.BackendCompilerFailed), match="item|data-dependent"):
         check_graph_ready(dec.step, steps=2)
@@ -182,7 +182,7 @@ def test_exponential_race_draws_from_sampling_probs():
     for settings in [dict(temperature=1.0), dict(temperature=0.7, top_k=3), dict(temperature=1.3, top_p=0.8)]:
         probs = sampling_probs(logits, **settings)[0]
         noise = torch.empty(n, 6).exponential_(generator=g)
-        tokens = pick_token(logits.expand(n, 6), noise, **settings)
+        tokens = sample(logits.expand(n, 6), noise=noise, **settings)
         freq = torch.bincount(tokens, minlength=6).double() / n
         torch.testing.assert_close(freq, probs.double(), rtol=0, atol=0.012)
         assert not freq[probs == 0].any()      # a token top-k/top-p dropped is never drawn

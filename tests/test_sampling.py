@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from labutils.decode.loop import generate, sample, sampling_probs
+from labutils.decode.loop import generate
+from labutils.decode.sampling import sample, sampling_probs
 
 from test_generate import make_model, prompt
 

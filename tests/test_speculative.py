@@ -7,7 +7,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 from test_generate import count_forwards, make_model, prompt
 
-from labutils.decode.loop import generate, sampling_probs
+from labutils.decode.loop import generate
+from labutils.decode.sampling import sampling_probs
 from labutils.model.gpt import GPT, GPTConfig
 from labutils.decode.speculative import (PROMPT_LOOKUP, accept, accept_greedy, expected_speedup,
                                          expected_tokens_per_step, lookup_proposals, speculative_generate)

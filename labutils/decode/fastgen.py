@@ -8,10 +8,10 @@ that lesson 08 times with this same code:
    the CPU waits for the GPU and the GPU then idles while Python launches the next step. Here the
    next token stays on the device and feeds the next step directly; it is also copied into a
    pinned host buffer with non_blocking=True, which does not wait. Sampling draws its own noise
-   into a fixed buffer before each step and runs the exponential race, argmax(p / E) with
-   E ~ Exponential(1), which picks token i with probability p_i (torch.multinomial draws one
-   sample the same way; older PyTorch releases made it sync on CUDA, reading its check of the
-   probabilities back with .item()). A captured step then holds no random-number state.
+   into a fixed buffer before each step and runs the exponential race (decode.sampling.sample_from),
+   argmax(p / E) with E ~ Exponential(1), which picks token i with probability p_i (torch.multinomial
+   draws one sample the same way; older PyTorch releases made it sync on CUDA, reading its check of
+   the probabilities back with .item()). A captured step then holds no random-number state.
    Timestamps come from CUDA events, read once at the end.
 2. Static shapes ("static"). Lesson 06's KVCache returns a slice that grows each step and keeps
    its position as a Python int: a new shape and a new constant every step. StaticKVCache writes
@@ -41,7 +41,8 @@ from typing import Callable
 import torch
 
 from labutils.core import emulated_cuda, fake_cuda
-from labutils.decode.loop import GenerationResult, check_logits, check_request, check_sampling, sampling_probs
+from labutils.decode.loop import GenerationResult, check_request
+from labutils.decode.sampling import check_sampling, sample
 from labutils.decode.kvcache import KVCache
 from labutils.decode.static_cache import StaticKVCache
 from labutils.core.validate import check_seed
@@ -70,23 +71,10 @@ class FastGenerationResult(GenerationResult):
     graph_bytes: int | None = None  # device memory the capture or compile kept (CUDA), None elsewhere
 
 
-def pick_token(logits: torch.Tensor, noise: torch.Tensor | None, temperature: float = 0.0,
-               top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
-    """logits [batch, vocab] -> token [batch], on the device and without a host sync.
-
-    Greedy is the argmax. Otherwise the exponential race: argmax(p / E) with E ~ Exponential(1)
-    drawn into `noise`, which picks token i with probability p_i (the smallest of E_i / p_i wins,
-    and E_i / p_i is exponential with rate p_i). p is decode.loop.sampling_probs: one definition.
-    """
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    return (sampling_probs(logits, temperature, top_k, top_p) / noise).argmax(dim=-1)
-
-
 def decode_one(model, token: torch.Tensor, cache, noise: torch.Tensor | None = None, **sampling) -> torch.Tensor:
     """One decode step, token [batch, 1] -> next token [batch]: no validation, no host read."""
     logits = model(token, cache, check=False, last_only=True)[:, -1]
-    return pick_token(logits, noise, **sampling)
+    return sample(logits, check=False, noise=noise, **sampling)
 
 
 def _check_choice(name: str, value, choices) -> None:
@@ -274,9 +262,9 @@ class FastDecoder:
         """Prefill eagerly, then n - 1 steps through the runner; each step's tokens land as they come."""
         landing.start()
         logits = self.model(ids, self.cache, check=False, last_only=True)[:, -1]   # prefill, eager
-        check_logits(logits)          # once per request: NaN weights would otherwise give token 0 forever
         self._draw(gen)
-        self.token.copy_(pick_token(logits, self.noise, **self.sampling)[:, None])
+        # check=True: the logits are checked once per request, as NaN weights would otherwise give token 0 forever
+        self.token.copy_(sample(logits, noise=self.noise, **self.sampling)[:, None])
         landing.land(0, self.token)
         for i in range(1, n):
             self._draw(gen)
@@ -481,4 +469,4 @@ def decoder_for(model, batch: int, max_len: int, *, mode: str, cache: str = "sta
 
 __all__ = ["CACHES", "MODES", "STAGES", "FastDecoder", "FastGenerationResult", "bucket", "capture_graph",
            "check_graph_ready",
-           "column_major_weights", "decode_one", "decoder_for", "fast_generate", "fresh_function", "pick_token"]
+           "column_major_weights", "decode_one", "decoder_for", "fast_generate", "fresh_function"]

@@ -14,7 +14,8 @@ import torch
 
 from labutils.core import fake_cuda
 from labutils.perf import timing
-from labutils.decode.loop import GenerationResult, as_batch, check_logits, check_sampling, sampling_probs
+from labutils.decode.loop import GenerationResult, as_batch
+from labutils.decode.sampling import check_logits, check_sampling, sample_from, sampling_probs
 from labutils.decode.kvcache import KVCache
 from labutils.core.validate import check_count, check_number, check_seed
 
@@ -80,13 +81,6 @@ def lookup_proposals(seq: list[int], k: int, ngram: int = 3) -> list[int]:
     return []
 
 
-def draw(probs: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row of probs [rows, vocab]. temperature=0 rows are one-hot: take the argmax, draw nothing."""
-    if temperature == 0:
-        return probs.argmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-
-
 def accept(p: torch.Tensor, q: torch.Tensor | None, proposal: torch.Tensor, temperature: float,
            generator: torch.Generator | None = None) -> tuple[int, int]:
     """Leviathan et al.'s rule. p [m+1, vocab]: the target's distributions at the m proposals and one past
@@ -106,13 +100,13 @@ def accept(p: torch.Tensor, q: torch.Tensor | None, proposal: torch.Tensor, temp
         kept = torch.rand(m, generator=generator, device=p.device) * qd < pd   # u < p/q, u ~ U[0, 1)
     a = int(kept.long().cumprod(0).sum())   # leading run of kept proposals (the one host sync)
     if a == m:
-        return a, int(draw(p[m:m + 1], temperature, generator))
+        return a, int(sample_from(p[m:m + 1], temperature, generator))
     q_a = torch.nn.functional.one_hot(proposal[a], p.shape[-1]).to(p.dtype) if q is None else q[a]
     residual = (p[a] - q_a).clamp(min=0)
     # A rejection implies p_a(d) < q_a(d), so the residual has mass; the guard covers rounding only.
     total = residual.sum()
     residual = residual / total if total > 0 else p[a]
-    return a, int(draw(residual[None], temperature, generator))
+    return a, int(sample_from(residual[None], temperature, generator))
 
 
 def accept_greedy(logits: torch.Tensor, proposal: torch.Tensor) -> tuple[int, int]:
@@ -166,7 +160,7 @@ def propose(draft, cache: KVCache, seq: list[int], k: int, sampling: dict, gener
             tok = logits.argmax(dim=-1)       # the argmax of sampling_probs(logits, temperature=0)
         else:
             q = sampling_probs(logits, **sampling)
-            tok = draw(q, sampling["temperature"], generator)
+            tok = sample_from(q, sampling["temperature"], generator)
             qs.append(q)
         tokens.append(tok)
         feed = tok[:, None]
@@ -262,5 +256,5 @@ def speculative_generate(target, draft, ids, max_new_tokens: int, *, k: int = 4,
                              rejected=rejected, steps=steps, per_step=per_step)
 
 
-__all__ = ["PROMPT_LOOKUP", "SpeculativeResult", "accept", "accept_greedy", "draw", "expected_speedup", "expected_tokens_per_step",
+__all__ = ["PROMPT_LOOKUP", "SpeculativeResult", "accept", "accept_greedy", "expected_speedup", "expected_tokens_per_step",
            "lookup_proposals", "propose", "speculative_generate"]
