@@ -250,3 +250,46 @@ def test_read_json_and_torch_load_report_missing_files(tmp_path):
         read_json(tmp_path / "nope.json")
     with pytest.raises(FileNotFoundError, match="nope.bin does not exist"):
         torch_load(tmp_path / "nope.bin")
+
+
+# ---- damaged files found by the sweep of issue 29 §5 -------------------------------------------------------------
+
+@pytest.mark.parametrize("entry", ["a string", 3, None, [1.0]])
+def test_a_course_checkpoint_holding_something_else_than_tensors_names_the_entry(tmp_path, entry):
+    """A state_dict holding a string failed inside warn_nonfinite with "'str' object has no attribute
+    'is_floating_point'"."""
+    save_checkpoint(GPT(GPTConfig(vocab_size=11, context_length=8, n_layer=1, n_head=2, n_embd=4)), tmp_path / "m")
+    state = torch.load(tmp_path / "m" / "model.pt", weights_only=True)
+    state["ln_f.weight"] = entry
+    torch.save(state, tmp_path / "m" / "model.pt")
+    with pytest.raises(ValueError, match=r"model.pt: entry 'ln_f.weight' is a .*, not a tensor"):
+        load_checkpoint(tmp_path / "m")
+
+
+def test_warn_nonfinite_names_an_entry_that_is_not_a_tensor():
+    from labutils.model.safe_load import warn_nonfinite
+    with pytest.raises(ValueError, match="entry 'w' is str 'x', not a tensor"):
+        warn_nonfinite({"w": "x"}, "model.pt")
+
+
+@pytest.mark.parametrize("shard", ["model\0.safetensors", "\0"])
+def test_a_shard_name_with_a_nul_byte_is_refused_naming_the_index(tmp_path, shard):
+    """os.path.realpath said only "embedded null byte"."""
+    hf_folder(tmp_path / "m")
+    (tmp_path / "m" / "model.safetensors").rename(tmp_path / "m" / "model-1.safetensors")
+    (tmp_path / "m" / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"wte.weight": shard}}))
+    with pytest.raises(ValueError, match="model.safetensors.index.json names a shard"):
+        read_weights(tmp_path / "m")
+
+
+@pytest.mark.parametrize("call", [lambda p: read_weights(p), lambda p: load_hf_gpt2(p), lambda p: load_checkpoint(p),
+                                  lambda p: save_checkpoint(GPT(GPTConfig(vocab_size=11, context_length=8, n_layer=1,
+                                                                          n_head=2, n_embd=4)), p)])
+@pytest.mark.parametrize("path", ["m\0odel", ""])
+def test_a_folder_name_no_file_can_have_is_refused_by_name(tmp_path, monkeypatch, call, path):
+    """A NUL byte leaked "embedded null byte" from the OS layer; "" meant the current folder (save_checkpoint wrote
+    config.json and model.pt there)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="(path|folder) .*(NUL byte|is empty)|(path|folder) is empty"):
+        call(path)
+    assert list(tmp_path.iterdir()) == []

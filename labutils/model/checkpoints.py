@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from labutils.model.safe_load import read_json, read_weights, torch_load, warn_nonfinite
+from labutils.model.safe_load import read_json, read_weights, tensor_dict, torch_load, warn_nonfinite
 from labutils.core.validate import check_device, check_path, parse_dtype, describe
 from labutils.core.paths import data_dir
 from labutils.model.gpt import GPT, GPTConfig
@@ -81,7 +81,7 @@ def load_hf_gpt2(path: str | Path, device=None, dtype: torch.dtype = torch.float
     # Parsed here, once: a device this machine has, a float dtype ("fp16" or torch.float16), before any file is read.
     device = None if device is None else check_device("device", device)
     dtype = parse_dtype("dtype", dtype)
-    path = Path(path)
+    path = check_path("path", path)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} has no config.json; point load_hf_gpt2 at a save_pretrained folder")
     cfg = _hf_gpt2_config(read_json(path / "config.json", "a GPT-2 config"), path / "config.json")
@@ -183,9 +183,8 @@ def load_checkpoint(path: str | Path, map_location="cpu") -> GPT:
     except (TypeError, ValueError) as err:
         raise type(err)(f"{path / 'config.json'}: {err}") from None
     model = GPT(cfg)
-    state = torch_load(path / "model.pt")       # weights_only=True; the message never says otherwise
-    if not isinstance(state, dict):
-        raise ValueError(f"{path / 'model.pt'} holds a {type(state).__name__}, not a state_dict")
+    # weights_only=True, and the message never says otherwise; then a dict of name -> tensor, or refused by entry
+    state = tensor_dict(path / "model.pt", torch_load(path / "model.pt"))
     warn_nonfinite(state, path / "model.pt")
     try:
         model.load_state_dict(state)
@@ -199,7 +198,7 @@ def save_checkpoint(model: GPT, path: str | Path) -> None:
     if not isinstance(model, GPT):
         raise TypeError(f"save_checkpoint(model, path) takes the GPT first, got {describe(model)}; the folder "
                         "comes second")
-    path = Path(path)
+    path = check_path("path", path)          # "" would write config.json and model.pt into the current folder
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(dataclasses.asdict(model.config), indent=2) + "\n")
     torch.save(model.state_dict(), path / "model.pt")   # a tied tensor is stored once

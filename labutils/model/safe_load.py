@@ -21,6 +21,8 @@ from pathlib import Path, PurePosixPath
 
 import torch
 
+from labutils.core.validate import check_path, describe
+
 # The safetensors package refuses headers above 100 MB; so do we, before reading one into memory.
 MAX_HEADER_BYTES = 100_000_000
 SHARD_INDEX = "model.safetensors.index.json"
@@ -111,9 +113,9 @@ def inside(folder: Path, path: Path) -> Path:
 def weights_file(folder: Path, name) -> Path:
     """`name` (from a shard index) as a path inside `folder`; a name that leads anywhere else is refused."""
     index = folder / SHARD_INDEX
-    if not isinstance(name, str) or not name:
+    if not isinstance(name, str) or not name or "\0" in name:
         raise ValueError(f"{index} names a shard {name!r}; shard names are file names such as "
-                         "'model-00001-of-00002.safetensors'")
+                         "'model-00001-of-00002.safetensors' (the index is damaged or was crafted)")
     parts = PurePosixPath(name.replace("\\", "/"))
     if parts.is_absolute() or ".." in parts.parts or re.match(r"^[A-Za-z]:", name):
         raise ValueError(f"{index} names the shard {name!r}, which lies outside {folder}; a checkpoint's "
@@ -143,7 +145,7 @@ def torch_load(path: str | Path) -> object:
                          "program you trust") from None
 
 
-def _tensor_dict(path: Path, data) -> dict[str, torch.Tensor]:
+def tensor_dict(path: Path, data) -> dict[str, torch.Tensor]:
     """The state_dict inside a loaded .bin/.pt: a dict of name -> tensor, or a clear error."""
     if not isinstance(data, dict):
         raise ValueError(f"{path} holds a {type(data).__name__}, not a state_dict (a dict of tensors)")
@@ -155,8 +157,15 @@ def _tensor_dict(path: Path, data) -> dict[str, torch.Tensor]:
 
 
 def warn_nonfinite(tensors: dict[str, torch.Tensor], source) -> None:
-    """Warn once per tensor that holds NaN or infinity, naming it: logits computed from it are garbage."""
+    """Warn once per tensor that holds NaN or infinity, naming it: logits computed from it are garbage.
+
+    An entry that is not a tensor (a damaged or hand-made state_dict) is refused, naming it."""
+    if not isinstance(tensors, dict):
+        raise ValueError(f"{source} holds a {type(tensors).__name__}, not a state_dict (a dict of name -> tensor)")
     for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{source}: entry {name!r} is {describe(t)}, not a tensor; a state_dict maps names to "
+                             "tensors. The file is damaged or was not saved from model.state_dict()")
         if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
             n_bad = int((~torch.isfinite(t)).sum())
             warnings.warn(f"tensor {name!r} in {source} holds {n_bad:,} NaN or infinite value(s) out of "
@@ -166,7 +175,7 @@ def warn_nonfinite(tensors: dict[str, torch.Tensor], source) -> None:
 
 def read_weights(folder: str | Path) -> dict[str, torch.Tensor]:
     """Every tensor of a saved Hugging Face model: model.safetensors, its sharded form, or pytorch_model.bin."""
-    folder = Path(folder)
+    folder = check_path("folder", folder)
     if (folder / "model.safetensors").exists():
         tensors = read_safetensors(inside(folder, folder / "model.safetensors"))
     elif (folder / SHARD_INDEX).exists():
@@ -181,7 +190,7 @@ def read_weights(folder: str | Path) -> dict[str, torch.Tensor]:
         for shard in shards:
             tensors.update(read_safetensors(weights_file(folder, shard)))
     elif (folder / "pytorch_model.bin").exists():
-        tensors = _tensor_dict(folder / "pytorch_model.bin", torch_load(inside(folder, folder / "pytorch_model.bin")))
+        tensors = tensor_dict(folder / "pytorch_model.bin", torch_load(inside(folder, folder / "pytorch_model.bin")))
     else:
         raise FileNotFoundError(f"{folder} has no model.safetensors or pytorch_model.bin; "
                                 "save one with GPT2LMHeadModel.save_pretrained(path)")
@@ -189,5 +198,5 @@ def read_weights(folder: str | Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-__all__ = ["MAX_HEADER_BYTES", "inside", "read_json", "read_safetensors", "read_weights", "torch_load", "warn_nonfinite",
-           "weights_file"]
+__all__ = ["MAX_HEADER_BYTES", "inside", "read_json", "read_safetensors", "read_weights", "tensor_dict", "torch_load",
+           "warn_nonfinite", "weights_file"]

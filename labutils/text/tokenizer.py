@@ -220,7 +220,7 @@ def save_encoding(enc: tiktoken.Encoding, path: str | Path) -> Path:
 
 def load_encoding(path: str | Path, name: str | None = None) -> tiktoken.Encoding:
     """Read an encoding written by save_encoding (the .tiktoken file and the .json beside it)."""
-    path = Path(path).with_suffix(".tiktoken")
+    path = check_path("path", path).with_suffix(".tiktoken")
     if not path.exists():
         raise FileNotFoundError(f"no encoding at {path}; run `{REBUILD}` to rebuild it")
     meta = _read_meta(path.with_suffix(".json"))
