@@ -94,7 +94,7 @@ def budget_figure(points, title: str = "The token budget: p99 ITL against p50 TT
     """One point per budget (interference.BudgetPoint): p50 TTFT across, p99 ITL up, labelled by the budget."""
     fig = go.Figure()
     fig.add_scatter(x=[p.summary.ttft_s.p50 * 1e3 for p in points], y=[p.summary.itl_s.p99 * 1e3 for p in points],
-                    mode="lines+markers+text", text=["whole" if p.budget is None else str(p.budget) for p in points],
+                    mode="lines+markers+text", text=[p.label for p in points],
                     textposition="top center", name="budget (tokens per step)",
                     hovertemplate="budget %{text}: TTFT p50 %{x:.1f} ms, ITL p99 %{y:.2f} ms<extra></extra>")
     fig.update_layout(title=title, xaxis_title="TTFT p50 (ms)", yaxis_title="ITL p99 (ms)", height=360)

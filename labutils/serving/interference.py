@@ -16,8 +16,9 @@ import torch
 
 from labutils.core.progress_bar import Steps
 from labutils.perf.roofline import kv_cache_bytes
-from labutils.core.validate import check_count, check_positive
+from labutils.core.validate import check_count, check_flag, check_positive
 from labutils.serving.engine import Engine, serve
+from labutils.serving.scheduler import Scheduler
 from labutils.serving.workload import Request, RequestResult, Summary, Workload, summarize
 
 
@@ -80,31 +81,43 @@ def long_prompt_among_streams(model, *, n_streams: int = 8, stream_prompt: int =
 
 @dataclass
 class BudgetPoint:
-    """One budget's serving meters: None for a budget means whole prompts (no chunking). `forwards` counts the
-    steps that ran the model; `decode_step_s` is the median time of those that fed it no prompt chunk longer than
-    one token (the engine's timeline counts a 1-token chunk as decode): what a forward costs with no prompt in it."""
+    """One budget's serving meters: the token budget, and whether prompts were chunked to it (False: whole
+    prompts, the budget then only has to hold one). `forwards` counts the steps that ran the model;
+    `decode_step_s` is the median time of those that fed it no prompt chunk longer than one token (the engine's
+    timeline counts a 1-token chunk as decode): what a forward costs with no prompt in it."""
 
-    budget: int | None
+    chunked_prefill: bool
+    budget: int
     summary: Summary
     forwards: int
     decode_step_s: float
 
+    @property
+    def label(self) -> str:
+        return str(self.budget) if self.chunked_prefill else "whole"
 
-def budget_sweep(model, workload: Workload, budgets, max_batch_size: int, *, repeats: int = 1,
-                 progress_desc: str = "") -> list[BudgetPoint]:
-    """Serve `workload` under each token budget (None: chunked prefill off) on fresh engines, `repeats` times;
-    the run with the median wall time stands for its budget, so one stall on the real clock does not decide."""
-    budgets, repeats = list(budgets), check_count("repeats", repeats, 1, 25)
-    bar = Steps(len(budgets) if progress_desc else 0, progress_desc)
+
+def budget_sweep(model, workload: Workload, budgets, max_batch_size: int, *, whole_prompts: bool = True,
+                 repeats: int = 1, progress_desc: str = "") -> list[BudgetPoint]:
+    """Serve `workload` with chunked prefill under each token budget, then (whole_prompts) once more with chunking
+    off, on fresh engines, `repeats` times each; the run with the median wall time stands for its point, so one
+    stall on the real clock does not decide."""
+    budgets = [check_count(f"budgets[{i}]", b, 1) for i, b in enumerate(budgets)]
+    repeats, whole_prompts = check_count("repeats", repeats, 1, 25), check_flag("whole_prompts", whole_prompts)
+    runs_of = [dict(chunked_prefill=True, max_num_batched_tokens=b) for b in budgets]
+    if whole_prompts:
+        runs_of.append(dict(chunked_prefill=False))
+    bar = Steps(len(runs_of) if progress_desc else 0, progress_desc)
     points = []
-    for budget in budgets:
-        options = dict(chunked_prefill=False) if budget is None else dict(max_num_batched_tokens=budget)
+    for options in runs_of:
         runs = sorted((serve(model, workload, max_batch_size, prefix_caching=False, **options)
                        for _ in range(repeats)), key=lambda s: s.wall_s)
         run = runs[len(runs) // 2]
         ran = [row for row in run.timeline if row["decode_tokens"] or row["prefill_tokens"]]
         decode_only = [row["step_s"] for row in ran if not row["prefill_tokens"]]
-        points.append(BudgetPoint(budget, run.summary, len(ran),
+        budget = Scheduler.check_budget(options.get("max_num_batched_tokens"), max_batch_size,
+                                        options["chunked_prefill"], model.config.context_length)
+        points.append(BudgetPoint(options["chunked_prefill"], budget, run.summary, len(ran),
                                   statistics.median(decode_only) if decode_only else math.nan))
         bar.step("budgets served")
     bar.done()
