@@ -159,15 +159,15 @@ def test_readiness_check_catches_a_python_int_position():
 @pytest.mark.parametrize("sabotage", ["item", "branch"])
 def test_readiness_check_catches_a_host_read(monkeypatch, sabotage):
     dec = prefilled(fp32_model(2, seed=1, n_layer=1), prompt(1, 8))
-    real = fastgen.sample
+    real = fastgen.decode_step                 # the one-token step FastDecoder.step runs
 
-    def with_host_read(logits, *args, **kwargs):
-        token = real(logits, *args, **kwargs)
+    def with_host_read(*args, **kwargs):
+        token = real(*args, **kwargs)
         if sabotage == "item":          # a host copy, even if the value only feeds tensor maths
-            return token + 0 * logits[0, 0].item()
-        return token if logits[0, 0].item() < 1e30 else token + 1    # a Python branch on a device value
+            return token + 0 * token[0].item()
+        return token if token[0].item() < 2 ** 62 else token + 1     # a Python branch on a device value
 
-    monkeypatch.setattr(fastgen, "sample", with_host_read)
+    monkeypatch.setattr(fastgen, "decode_step", with_host_read)
     with pytest.raises((torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError,
                         torch._dynamo.exc.BackendCompilerFailed), match="item|data-dependent"):
         check_graph_ready(dec.step, steps=2)
@@ -472,3 +472,21 @@ def test_a_smaller_batch_rides_in_its_bucket_and_a_larger_one_is_refused():
     assert seen == [(3,), (3,)]                           # the callback sees only the real rows
     with pytest.raises(ValueError, match="does not fit this decoder's batch_size=4"):
         dec.generate(prompt(5, 5), 2)
+
+
+def test_the_fast_loop_runs_generates_own_prefill_and_step(monkeypatch):
+    """One prefill and one one-token step: the fast loop calls loop.prefill once and loop.decode_step per token."""
+    calls = []
+
+    def counted(name, real):
+        def call(*args, **kwargs):
+            calls.append(name)
+            return real(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(fastgen, "prefill", counted("prefill", fastgen.prefill))
+    monkeypatch.setattr(fastgen, "decode_step", counted("decode_step", fastgen.decode_step))
+    model = fp32_model(2, seed=5)
+    fast = fast_generate(model, prompt(1, 6), 5, mode="eager", temperature=1.0, top_k=10, seed=2)
+    assert calls == ["prefill"] + ["decode_step"] * 4
+    assert fast.tokens.shape == (1, 5)

@@ -41,8 +41,8 @@ from typing import Callable
 import torch
 
 from labutils.core import emulated_cuda, fake_cuda
-from labutils.decode.loop import GenerationResult, check_request
-from labutils.decode.sampling import check_sampling, sample
+from labutils.decode.loop import GenerationResult, check_request, decode_step, prefill
+from labutils.decode.sampling import check_sampling
 from labutils.decode.kvcache import KVCache
 from labutils.decode.static_cache import StaticKVCache
 from labutils.core.validate import check_seed
@@ -69,12 +69,6 @@ class FastGenerationResult(GenerationResult):
     setup_s: float = 0.0            # cache allocation + capture/compile, before the request's clock started
     fallback: str | None = None     # why the requested mode did not run, or None
     graph_bytes: int | None = None  # device memory the capture or compile kept (CUDA), None elsewhere
-
-
-def decode_one(model, token: torch.Tensor, cache, noise: torch.Tensor | None = None, **sampling) -> torch.Tensor:
-    """One decode step, token [batch, 1] -> next token [batch]: no validation, no host read."""
-    logits = model(token, cache, check=False, last_only=True)[:, -1]
-    return sample(logits, check=False, noise=noise, **sampling)
 
 
 def _check_choice(name: str, value, choices) -> None:
@@ -178,8 +172,12 @@ class FastDecoder:
             warnings.warn(f"fast decode: {self.fallback}", RuntimeWarning, stacklevel=4)
 
     def step(self) -> None:
-        """One eager decode step in place: reads self.token, writes the cache, leaves the next token in self.token."""
-        nxt = decode_one(self.model, self.token, self.cache, self.noise, **self.sampling)
+        """One decode step in place: reads self.token, writes the cache, leaves the next token in self.token.
+
+        It is loop.decode_step, generate()'s own step, unchecked (the request was checked once, in prefill); the
+        graph and compile runners capture this very method, so every runner steps through the same code.
+        """
+        nxt = decode_step(self.model, self.token[:, 0], self.cache, check=False, noise=self.noise, **self.sampling)
         self.token.copy_(nxt[:, None])
 
     def _try(self, build: Callable[[], Callable[[], None]], what: str) -> None:
@@ -261,10 +259,11 @@ class FastDecoder:
     def _decode(self, ids: torch.Tensor, n: int, gen, landing: "_Landing") -> None:
         """Prefill eagerly, then n - 1 steps through the runner; each step's tokens land as they come."""
         landing.start()
-        logits = self.model(ids, self.cache, check=False, last_only=True)[:, -1]   # prefill, eager
         self._draw(gen)
-        # check=True: the logits are checked once per request, as NaN weights would otherwise give token 0 forever
-        self.token.copy_(sample(logits, noise=self.noise, **self.sampling)[:, None])
+        # loop.prefill, eager: check_request has checked ids and cache, so only the logits are checked (NaN weights
+        # would otherwise give token 0 forever), once per request
+        first = prefill(self.model, ids, self.cache, check=False, noise=self.noise, **self.sampling)
+        self.token.copy_(first[:, None])
         landing.land(0, self.token)
         for i in range(1, n):
             self._draw(gen)
@@ -469,4 +468,4 @@ def decoder_for(model, batch: int, max_len: int, *, mode: str, cache: str = "sta
 
 __all__ = ["CACHES", "MODES", "STAGES", "FastDecoder", "FastGenerationResult", "bucket", "capture_graph",
            "check_graph_ready",
-           "column_major_weights", "decode_one", "decoder_for", "fast_generate", "fresh_function"]
+           "column_major_weights", "decoder_for", "fast_generate", "fresh_function"]

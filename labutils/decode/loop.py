@@ -34,24 +34,31 @@ def _check_sampling_options(sampling: dict) -> None:
     check_sampling(**{k: v for k, v in sampling.items() if k != "generator"})
 
 
-def prefill(model, ids: torch.Tensor, cache: KVCache, **sampling) -> torch.Tensor:
+def prefill(model, ids: torch.Tensor, cache, *, check: bool = True, noise: torch.Tensor | None = None,
+            **sampling) -> torch.Tensor:
     """One forward pass over the whole prompt [batch, T]: writes T cache entries, returns token [batch].
 
     The request's checks run here, once: the sampling options, ids against the vocab and context, the
     cache against the model (GPT.forward(check=True)), all before the cache is written; then the logits
-    for NaN (sample).
+    for NaN (sample). check=False skips the ids and cache checks (host syncs) for a caller that has run
+    check_request already, as the fast loop has; the logits are checked either way, once per request.
+    `noise` is sample()'s: the fast loop's pre-drawn noise for the exponential race.
     """
     _check_sampling_options(sampling)
-    logits = model(ids, cache, last_only=True)
-    return sample(logits[:, -1], **sampling)
+    logits = model(ids, cache, check=check, last_only=True)
+    return sample(logits[:, -1], noise=noise, **sampling)
 
 
-def decode_step(model, token: torch.Tensor, cache: KVCache, *, check: bool = True, **sampling) -> torch.Tensor:
+def decode_step(model, token: torch.Tensor, cache, *, check: bool = True, noise: torch.Tensor | None = None,
+                **sampling) -> torch.Tensor:
     """One forward pass over one new token [batch]: reads the cache, appends one entry, returns the next.
 
+    The one one-token step: generate() runs it, and so does the fast loop (FastDecoder.step), eagerly,
+    captured in a CUDA graph or compiled, with `noise` for sample()'s exponential race.
     With check=True (the default, for a call by hand) the token ids and the cache are checked against
-    the model and the logits for NaN: host syncs. generate() checks once, in prefill, and passes
-    check=False, leaving only the free shape checks on every step.
+    the model and the logits for NaN: host syncs. generate() and the fast loop check once per request,
+    in prefill, and pass check=False: the step then reads nothing back from the device, so a graph can
+    hold it, and only the token's shape (known on the host) is checked.
     """
     if not isinstance(token, torch.Tensor) or token.dim() != 1:
         raise ValueError("decode_step takes the newest token of each sequence as a 1-D tensor [batch], got "
@@ -60,9 +67,9 @@ def decode_step(model, token: torch.Tensor, cache: KVCache, *, check: bool = Tru
         _check_sampling_options(sampling)
         model.check_ids(token[:, None], cache.pos)
         check_cache(cache, model)
-    cache.check_fits(token.shape[0], 1)
+        cache.check_fits(token.shape[0], 1)    # a StaticKVCache reads its position here: a host sync
     logits = model(token[:, None], cache, check=False, last_only=True)
-    return sample(logits[:, -1], check=check, **sampling)
+    return sample(logits[:, -1], check=check, noise=noise, **sampling)
 
 
 @dataclass
