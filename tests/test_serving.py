@@ -51,7 +51,7 @@ def test_every_request_gets_its_solo_greedy_tokens(data, max_batch, block_size, 
     rng = random.Random(data.draw(st.integers(0, 10**6)))
     shared = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 40))]
     budget = budget if chunked else None          # without chunking the budget must hold a whole context
-    engine = Engine(m, max_batch, block_size=block_size, prefix_caching=caching, mode=mode,
+    engine = Engine(m, max_batch, block_size=block_size, prefix_caching=caching, batching=mode,
                     max_num_batched_tokens=budget, chunked_prefill=chunked)
     requests = []
     for _ in range(rng.randint(2, 7)):
@@ -302,7 +302,7 @@ def spans_of(results):
 @pytest.mark.parametrize("mode", ["continuous", "static"])
 def test_continuous_fills_a_free_slot_at_once_and_static_waits_for_the_batch(mode):
     m = model()
-    engine = Engine(m, 2, mode=mode)
+    engine = Engine(m, 2, batching=mode)
     short, long_, waiting = engine.submit([1, 2, 3], 3), engine.submit([4, 5, 6], 30), engine.submit([7, 8, 9], 3)
     results = engine.run()
     s = spans_of(results)
@@ -393,7 +393,7 @@ def test_a_request_longer_than_the_context_is_rejected_and_the_others_go_on():
     (dict(block_size=0), ValueError, "block_size must be >= 1"),
     (dict(block_size=CTX + 1), ValueError, f"block_size must be <= {CTX}"),
     (dict(kv_limit_bytes=-1), ValueError, "kv_limit_bytes must be >= 0"),
-    (dict(mode="fifo"), ValueError, r"unknown mode 'fifo'; choose one of \['continuous', 'static'\]"),
+    (dict(batching="fifo"), ValueError, r"unknown batching 'fifo'; choose one of \['continuous', 'static'\]"),
     (dict(prefix_caching="yes"), TypeError, "prefix_caching must be True or False"),
     (dict(max_num_batched_tokens=1), ValueError, "max_num_batched_tokens=1 is smaller than max_batch_size=2: every "
                                                  "step must fit one token for each running request"),

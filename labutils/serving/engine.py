@@ -14,7 +14,7 @@ from labutils.perf.roofline import kv_bytes_per_token
 from labutils.core.validate import check_choice, check_count, check_flag, check_number, model_dtype
 from labutils.serving.blocks import BlockManager
 from labutils.serving.runner import ModelRunner
-from labutils.serving.scheduler import MODES, Scheduler
+from labutils.serving.scheduler import BATCHING, Scheduler
 from labutils.serving.sequence import Sequence
 from labutils.serving.workload import MAX_ARRIVAL_S, RequestResult, SamplingParams, Summary, Workload, summarize
 
@@ -44,7 +44,7 @@ class Engine:
     """
 
     def __init__(self, model, max_batch_size: int, *, block_size: int = 16, prefix_caching: bool = True,
-                 kv_limit_bytes: int | None = None, mode: str = "continuous",
+                 kv_limit_bytes: int | None = None, batching: str = "continuous",
                  max_num_batched_tokens: int | None = None, chunked_prefill: bool = True, clock=None,
                  export_kv: bool = False):
         if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
@@ -56,19 +56,19 @@ class Engine:
         prefix_caching = check_flag("prefix_caching", prefix_caching)
         if kv_limit_bytes is not None:
             kv_limit_bytes = check_count("kv_limit_bytes", kv_limit_bytes, 0)
-        mode = check_choice("mode", mode, MODES)
+        batching = check_choice("batching", batching, BATCHING)
         chunked_prefill = check_flag("chunked_prefill", chunked_prefill)
         if clock is not None and not callable(clock):
             raise TypeError(f"clock must be a function returning seconds, got {type(clock).__name__}")
         self._clock, self.export_kv = clock, check_flag("export_kv", export_kv)
-        self.max_batch_size, self.block_size, self.mode = max_batch_size, block_size, mode
+        self.max_batch_size, self.block_size, self.batching = max_batch_size, block_size, batching
         per_request = -(-ctx // block_size)                       # blocks of one full-context request
         block_bytes = kv_bytes_per_token(self.config, model_dtype(model)) * block_size
         limit = max_batch_size * per_request if kv_limit_bytes is None else kv_limit_bytes // block_bytes
         n_blocks = max(limit, per_request)
         self.blocks = BlockManager(n_blocks, block_size, prefix_caching=prefix_caching, limit_blocks=limit)
         self.scheduler = Scheduler(self.blocks, max_batch_size, max_num_batched_tokens, context_length=ctx,
-                                   chunked_prefill=chunked_prefill, mode=mode)
+                                   chunked_prefill=chunked_prefill, batching=batching)
         self.runner = ModelRunner(model, block_size, n_blocks)
         self.finished: list[RequestResult] = []     # results of the current (or last) workload
         self.timeline: list[dict] = []              # one row per step: time, batch, queue, blocks

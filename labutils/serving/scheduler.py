@@ -10,7 +10,7 @@ from labutils.serving.blocks import BlockManager
 from labutils.serving.sequence import Sequence
 from labutils.serving.workload import RequestResult
 
-MODES = ("continuous", "static")
+BATCHING = ("continuous", "static")   # continuous (Orca, vLLM) or static batching
 # vLLM's default token budget for an online server (its API server's max_num_batched_tokens with chunked prefill).
 DEFAULT_BATCHED_TOKENS = 2048
 
@@ -38,10 +38,10 @@ class Scheduler:
     """
 
     def __init__(self, blocks: BlockManager, max_batch_size: int, max_num_batched_tokens: int | None = None, *,
-                 context_length: int, chunked_prefill: bool = True, mode: str = "continuous"):
-        if mode not in MODES:
-            raise ValueError(f"unknown mode {mode!r}; choose one of {list(MODES)}")
-        self.blocks, self.max_batch_size, self.mode = blocks, max_batch_size, mode
+                 context_length: int, chunked_prefill: bool = True, batching: str = "continuous"):
+        if batching not in BATCHING:
+            raise ValueError(f"unknown batching {batching!r}; choose one of {list(BATCHING)}")
+        self.blocks, self.max_batch_size, self.batching = blocks, max_batch_size, batching
         self.chunked_prefill = chunked_prefill
         self.max_num_batched_tokens = self.check_budget(max_num_batched_tokens, max_batch_size, chunked_prefill,
                                                         context_length)
@@ -92,7 +92,7 @@ class Scheduler:
                     break
             else:
                 ready.append(seq)
-        self._forming = not self.running           # static mode: a new batch forms only from empty
+        self._forming = not self.running           # static batching: a new batch forms only from empty
         plan = [Feed(seq, 1) for seq in ready if seq.remaining == 1]
         left = self.max_num_batched_tokens - len(plan)     # >= 0: check_budget keeps it >= max_batch_size
         for seq in ready:
@@ -100,7 +100,7 @@ class Scheduler:
                 plan.append(Feed(seq, n))
                 left -= n
         while (seq := self._admit(now, left)) is not None:
-            if n := self._chunk(seq, left):        # static mode admits a whole batch, budget or not
+            if n := self._chunk(seq, left):        # static batching admits a whole batch, budget or not
                 plan.append(Feed(seq, n))
                 left -= n
         return plan
@@ -134,7 +134,7 @@ class Scheduler:
         """The head of the queue, joining the batch with its blocks, or None if it cannot join now."""
         if self.preempted_now or not self.waiting or len(self.running) >= self.max_batch_size:
             return None
-        if self.mode == "static":
+        if self.batching == "static":
             if not self._forming:
                 return None                        # static: the batch is closed until all of it finished
         elif left <= 0:
@@ -142,7 +142,7 @@ class Scheduler:
         seq = self.waiting[0]
         if self._must_wait_for(seq):
             return None
-        if not self.chunked_prefill and self.mode != "static":
+        if not self.chunked_prefill and self.batching != "static":
             hits, _ = self.blocks.lookup(seq.tokens)
             if len(seq.tokens) - len(hits) * self.blocks.block_size > left:
                 return None                        # its whole prompt does not fit this step
@@ -193,4 +193,4 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
 
-__all__ = ["DEFAULT_BATCHED_TOKENS", "Feed", "MODES", "Scheduler"]
+__all__ = ["BATCHING", "DEFAULT_BATCHED_TOKENS", "Feed", "Scheduler"]
