@@ -11,6 +11,7 @@ from labutils.decode.fastgen import STAGES, FastDecoder, FastGenerationResult, c
 from labutils.decode.loop import GenerationResult, generate
 from labutils.decode.sampling import sample, sampling_probs
 from labutils.decode.kvcache import KVCache
+from labutils.decode.prepack import column_major_weights
 from labutils.model.gpt import GPT, GPTConfig
 from labutils.decode.static_cache import StaticKVCache
 
@@ -151,7 +152,7 @@ def test_decode_step_is_one_static_graph(sampling):
 
 def test_readiness_check_catches_a_python_int_position():
     """Lesson 06's cache keeps pos as an int and returns a growing slice: every step is a new graph."""
-    dec = prefilled(fp32_model(2, seed=1, n_layer=1), prompt(1, 8), cache="growing")
+    dec = prefilled(fp32_model(2, seed=1, n_layer=1), prompt(1, 8), cache_kind="growing")
     with pytest.raises(torch._dynamo.exc.RecompileError, match="pos"):
         check_graph_ready(dec.step)
 
@@ -229,8 +230,8 @@ def test_unavailable_modes_fall_back_to_eager_with_a_reason(mode, monkeypatch):
 @pytest.mark.parametrize("mode", ["graph", "compile"])
 def test_graphs_need_the_static_cache(mode):
     with pytest.warns(RuntimeWarning, match="static shapes"):
-        dec = FastDecoder(fp32_model(), 1, 20, mode=mode, cache="growing")
-    assert dec.mode == "eager" and "cache='static'" in dec.fallback
+        dec = FastDecoder(fp32_model(), 1, 20, mode=mode, cache_kind="growing")
+    assert dec.mode == "eager" and "cache_kind='static'" in dec.fallback
 
 
 def test_auto_is_eager_on_cpu_without_a_warning():
@@ -257,7 +258,7 @@ def test_too_many_tokens_are_refused_before_any_forward():
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(mode="turbo"), r"unknown mode 'turbo'; choose one of \['auto', 'eager', 'graph', 'compile'\]"),
-    (dict(cache="paged"), r"unknown cache 'paged'; choose one of \['static', 'growing'\]"),
+    (dict(cache_kind="paged"), r"unknown cache_kind 'paged'; choose one of \['static', 'growing'\]"),
     (dict(temperature=-1), "temperature must be"),
     (dict(top_k=0), "top_k must be"),
 ])
@@ -373,9 +374,9 @@ def test_column_major_weights_keep_values_ties_and_tokens():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     tied = make_model(2, seed=14).float()
     assert tied.lm_head.weight is tied.tok_emb.weight
-    fastgen.column_major_weights(tied)
+    column_major_weights(tied)
     assert tied.lm_head.weight is tied.tok_emb.weight and tied.lm_head.weight.stride() == (1, VOCAB)
-    fastgen.column_major_weights(model)
+    column_major_weights(model)
     for name, w in model.state_dict().items():
         assert torch.equal(w, before[name]), name
     assert model.blocks[0].attn.qkv.weight.t().is_contiguous()

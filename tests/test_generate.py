@@ -337,8 +337,8 @@ def test_llama_style_model_gives_the_same_tokens_on_every_decode_path():
     ids = prompt(2, 8, 5)
     ref = generate(llama, ids, 24).tokens
     assert len(set(ref[0].tolist())) > 4
-    for cache in ("static", "growing"):
-        assert torch.equal(fast_generate(llama, ids, 24, cache=cache, mode="eager").tokens, ref)
+    for cache_kind in ("static", "growing"):
+        assert torch.equal(fast_generate(llama, ids, 24, cache_kind=cache_kind, mode="eager").tokens, ref)
     assert torch.equal(speculative_generate(llama, llama, ids[:1], 24, k=3).tokens, ref[:1])
     engine = Engine(llama, 4, block_size=4)
     prompts = [list(range(5)), list(range(10, 30)), list(range(40, 43))]

@@ -45,19 +45,22 @@ from labutils.decode.loop import GenerationResult, check_request, decode_step, p
 from labutils.decode.sampling import check_sampling
 from labutils.decode.kvcache import KVCache
 from labutils.decode.static_cache import StaticKVCache
-from labutils.core.validate import check_seed
+from labutils.core.validate import check_choice, check_seed
 
-MODES = ("auto", "eager", "graph", "compile")
+# How a decode step runs, chosen by mode=: "RUNNERS" and not "MODES", which is the serving scheduler's word for
+# continuous or static batching; the code already calls what a mode picks the step runner (self._run).
+RUNNERS = ("auto", "eager", "graph", "compile")
 # Steps run before a capture or a compile (lazy init, workspaces; for reduce-overhead: compile, record, replay). Each
 # writes the next cache position from 0, so a cache of max_len positions allows at most max_len of them: a third step
 # into a 2-position cache wrote out of bounds, which on CUDA is a device-side assert that kills the context.
 WARMUP_STEPS = 3
-CACHES = ("static", "growing")
+# cache_kind=: a name, not a cache object (as `cache` is everywhere else); FastDecoder makes the cache
+CACHE_KINDS = ("static", "growing")
 # Lesson 08's ladder, after generate() itself: fast_generate(model, ids, n, **STAGES[name]).
 STAGES = {
-    "sync-free": dict(cache="growing", mode="eager"),
-    "static": dict(cache="static", mode="eager"),
-    "graph": dict(cache="static", mode="graph"),
+    "sync-free": dict(cache_kind="growing", mode="eager"),
+    "static": dict(cache_kind="static", mode="eager"),
+    "graph": dict(cache_kind="static", mode="graph"),
 }
 
 
@@ -71,16 +74,11 @@ class FastGenerationResult(GenerationResult):
     graph_bytes: int | None = None  # device memory the capture or compile kept (CUDA), None elsewhere
 
 
-def _check_choice(name: str, value, choices) -> None:
-    if value not in choices:
-        raise ValueError(f"unknown {name} {value!r}; choose one of {list(choices)}")
-
-
-def _unavailable(mode: str, device: torch.device, cache: str) -> str | None:
+def _unavailable(mode: str, device: torch.device, cache_kind: str) -> str | None:
     """Why `mode` cannot run here (a fallback reason), or None."""
-    if mode in ("graph", "compile") and cache == "growing":
+    if mode in ("graph", "compile") and cache_kind == "growing":
         return (f"{mode} needs static shapes, and the growing cache changes shape every step; "
-                "running eager (use cache='static')")
+                "running eager (use cache_kind='static')")
     if mode == "graph" and device.type != "cuda":
         return f"CUDA graphs need an NVIDIA GPU and the model is on {device.type}; running eager"
     if mode in ("graph", "compile") and emulated_cuda.active():
@@ -133,25 +131,25 @@ class FastDecoder:
 
     @torch.inference_mode()
     def __init__(self, model, batch_size: int = 1, max_len: int | None = None, *, mode: str = "auto",
-                 cache: str = "static", temperature: float = 0.0, top_k: int | None = None,
+                 cache_kind: str = "static", temperature: float = 0.0, top_k: int | None = None,
                  top_p: float | None = None):
         t0 = time.perf_counter()
-        _check_choice("mode", mode, MODES)
-        _check_choice("cache", cache, CACHES)
+        check_choice("mode", mode, RUNNERS)
+        check_choice("cache_kind", cache_kind, CACHE_KINDS)
         check_sampling(temperature, top_k, top_p)
         self.model, self.graph_bytes = model, None
         param = next(model.parameters())
         self.device, cfg = param.device, model.config
         max_len = cfg.context_length if max_len is None else max_len
-        make = StaticKVCache if cache == "static" else KVCache
+        make = StaticKVCache if cache_kind == "static" else KVCache
         self.cache = make(cfg, batch_size, max_len, device=self.device, dtype=param.dtype)
-        self.batch_size, self.max_len, self.cache_kind = batch_size, max_len, cache
+        self.batch_size, self.max_len, self.cache_kind = batch_size, max_len, cache_kind
         self.sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
         # The step's inputs live in fixed buffers: a captured graph reads them at fixed addresses.
         self.token = torch.zeros(batch_size, 1, dtype=torch.long, device=self.device)
         self.noise = (torch.ones(batch_size, cfg.vocab_size, device=self.device) if temperature > 0 else None)
 
-        self.mode, self.fallback = _choose_mode(mode, self.device, cache)
+        self.mode, self.fallback = _choose_mode(mode, self.device, cache_kind)
         self._run: Callable[[], None] = self.step
         self._build_runner()
         self._reset()
@@ -276,19 +274,19 @@ class FastDecoder:
             self.noise.exponential_(generator=gen).clamp_min_(1e-30)   # E = 0 would divide by zero
 
 
-def _resolve_auto(mode: str, device: torch.device, cache: str) -> str:
+def _resolve_auto(mode: str, device: torch.device, cache_kind: str) -> str:
     """The mode "auto" stands for here; any other mode as it is."""
     if mode != "auto":
         return mode
     # CUDA: the graph. Elsewhere eager: no CUDA graphs, and inductor's compile takes longer
     # on a CPU than a lesson's time budget allows (time it with mode="compile").
-    return "graph" if device.type == "cuda" and cache == "static" else "eager"
+    return "graph" if device.type == "cuda" and cache_kind == "static" else "eager"
 
 
-def _choose_mode(mode: str, device: torch.device, cache: str) -> tuple[str, str | None]:
+def _choose_mode(mode: str, device: torch.device, cache_kind: str) -> tuple[str, str | None]:
     """(the mode that will run, why it fell back to eager or None)."""
-    mode = _resolve_auto(mode, device, cache)
-    fallback = _unavailable(mode, device, cache)
+    mode = _resolve_auto(mode, device, cache_kind)
+    fallback = _unavailable(mode, device, cache_kind)
     return ("eager" if fallback else mode), fallback
 
 
@@ -338,26 +336,6 @@ class _Landing:
             self.events[self.n - 1].synchronize()
             self.stamps = [self.offset + self.begin.elapsed_time(self.events[i]) / 1e3 for i in range(self.n)]
         return self.host.t().contiguous(), self.stamps
-
-
-@torch.no_grad()
-def column_major_weights(model):
-    """Store every nn.Linear weight (and a tied embedding) transposed in memory; same shapes, same values.
-
-    A decode step multiplies one row of activations by each weight (a GEMV). CPU BLAS libraries
-    stream a weight stored [in, out] (column-major for its [out, in] shape) faster than the
-    row-major one nn.Linear allocates on some CPUs; Hugging Face's GPT-2 (Conv1D) stores its
-    blocks that way. Whether it wins here is measured, not assumed: the bench rows run with it
-    on CPU, and lesson 08 times both layouts. Returns the model, changed in place.
-    """
-    seen: dict[int, torch.nn.Parameter] = {}
-    for module in model.modules():
-        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
-            w = module.weight
-            if id(w) not in seen:      # a tied tensor is moved once and stays shared
-                seen[id(w)] = torch.nn.Parameter(w.t().contiguous().t(), requires_grad=w.requires_grad)
-            module.weight = seen[id(w)]
-    return model
 
 
 _FRESH = itertools.count()
@@ -415,28 +393,28 @@ def check_graph_ready(step: Callable[[], object], steps: int = 4) -> None:
 
 def fast_generate(model, ids, max_new_tokens: int, *, temperature: float = 0.0, top_k: int | None = None,
                   top_p: float | None = None, seed: int | None = None, mode: str = "auto",
-                  cache: str = "static", on_token: Callable[[torch.Tensor], object] | None = None
+                  cache_kind: str = "static", on_token: Callable[[torch.Tensor], object] | None = None
                   ) -> FastGenerationResult:
     """generate() without the overheads: same arguments, same GenerationResult, same greedy tokens.
 
-    mode: "eager", "graph" (CUDA graph of one decode step), "compile" (torch.compile,
+    mode, one of RUNNERS: "eager", "graph" (CUDA graph of one decode step), "compile" (torch.compile,
     reduce-overhead) or "auto" (graph on CUDA, eager elsewhere). Where the mode cannot run, it
-    falls back to eager with a warning and says why in `result.fallback`. cache="growing" uses
+    falls back to eager with a warning and says why in `result.fallback`. cache_kind="growing" uses
     lesson 06's KVCache (the "sync-free" stage). Setup (cache, capture, compile) is `result.setup_s`,
     outside the timestamps. For many requests of one shape, build a FastDecoder once instead.
     """
-    _check_choice("mode", mode, MODES)
-    _check_choice("cache", cache, CACHES)
+    check_choice("mode", mode, RUNNERS)
+    check_choice("cache_kind", cache_kind, CACHE_KINDS)
     ids = check_request(model, ids, max_new_tokens, temperature, top_k, top_p)   # before any allocation
     B, need = ids.shape[0], ids.shape[1] + int(max_new_tokens)
-    mode = _resolve_auto(mode, next(model.parameters()).device, cache)
+    mode = _resolve_auto(mode, next(model.parameters()).device, cache_kind)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     if mode == "eager":                   # cheap to build: one per call, at exactly this shape
-        decoder = FastDecoder(model, B, need, mode=mode, cache=cache, **sampling)
+        decoder = FastDecoder(model, B, need, mode=mode, cache_kind=cache_kind, **sampling)
         return decoder.generate(ids, max_new_tokens, seed=seed, on_token=on_token)
     # A captured or compiled decoder is costly to make: keep it, at bucketed shapes, for the next request.
-    return decoder_for(model, B, need, mode=mode, cache=cache, **sampling).generate(ids, max_new_tokens, seed=seed,
-                                                                                   on_token=on_token)
+    return decoder_for(model, B, need, mode=mode, cache_kind=cache_kind, **sampling).generate(
+        ids, max_new_tokens, seed=seed, on_token=on_token)
 
 
 MAX_DECODERS = 4          # captured decoders kept by decoder_for: each holds a cache (and a graph) in device memory
@@ -448,24 +426,23 @@ def bucket(n: int, smallest: int = 1) -> int:
     return max(smallest, 1 << max(0, int(n) - 1).bit_length())
 
 
-def decoder_for(model, batch: int, max_len: int, *, mode: str, cache: str = "static", temperature: float = 0.0,
+def decoder_for(model, batch: int, max_len: int, *, mode: str, cache_kind: str = "static", temperature: float = 0.0,
                 top_k: int | None = None, top_p: float | None = None) -> FastDecoder:
     """A FastDecoder for at least `batch` sequences of `max_len` positions, from a small cache keyed by
     (model, batch bucket, max_len bucket, dtype, mode, sampling): a shape seen before is never captured or
     compiled again. Batches round up to 1, 2, 4, 8, ...; lengths to a power of two from 64, within the context."""
     param = next(model.parameters())
     length = min(bucket(max_len, 64), model.config.context_length)
-    key = (id(model), bucket(batch), length, param.dtype, param.device, mode, cache, temperature, top_k, top_p)
+    key = (id(model), bucket(batch), length, param.dtype, param.device, mode, cache_kind, temperature, top_k, top_p)
     if key in _DECODERS:
         _DECODERS[key] = _DECODERS.pop(key)          # most recently used last
         return _DECODERS[key]
     while len(_DECODERS) >= MAX_DECODERS:
         _DECODERS.pop(next(iter(_DECODERS)))
-    _DECODERS[key] = FastDecoder(model, bucket(batch), length, mode=mode, cache=cache, temperature=temperature,
-                                 top_k=top_k, top_p=top_p)
+    _DECODERS[key] = FastDecoder(model, bucket(batch), length, mode=mode, cache_kind=cache_kind,
+                                 temperature=temperature, top_k=top_k, top_p=top_p)
     return _DECODERS[key]
 
 
-__all__ = ["CACHES", "MODES", "STAGES", "FastDecoder", "FastGenerationResult", "bucket", "capture_graph",
-           "check_graph_ready",
-           "column_major_weights", "decoder_for", "fast_generate", "fresh_function"]
+__all__ = ["CACHE_KINDS", "RUNNERS", "STAGES", "FastDecoder", "FastGenerationResult", "bucket", "capture_graph",
+           "check_graph_ready", "decoder_for", "fast_generate", "fresh_function"]

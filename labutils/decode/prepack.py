@@ -1,11 +1,12 @@
-"""CPU weight prepacking: every nn.Linear multiplies through oneDNN with its weight reordered once.
+"""CPU weight layouts: column-major weights, and prepacking (every nn.Linear multiplies through oneDNN with its
+weight reordered once). Both change how a weight lies in memory, never its values or shapes.
 
 On the course's CPUs, PyTorch's default fp32 matmul (MKL) costs about twice as much for 5 rows as
 for 1 with a small model's weights: it is bound by arithmetic, not by reading the weights. That
 spoils what speculative decoding relies on, that a verify pass over k + 1 tokens costs about as
 much as one decode step (lesson 10 measures both lines). oneDNN with a weight prepacked into its
 blocked layout multiplies a few rows for little more than one: the memory-bound behaviour. PyTorch's
-own inductor prepacks weights this way when it freezes a model for CPU inference; this module does
+own inductor prepacks weights this way when it freezes a model for CPU inference; prepack_linears does
 only that step, in eager mode.
 
 A prepacked kernel also does each row's sums in the same order whatever the number of rows, so a
@@ -79,4 +80,24 @@ def prepack_linears(model: nn.Module, batch_hint: int = BATCH_HINT) -> nn.Module
     return model
 
 
-__all__ = ["BATCH_HINT", "PackedLinear", "prepack_linears", "prepack_unavailable"]
+@torch.no_grad()
+def column_major_weights(model):
+    """Store every nn.Linear weight (and a tied embedding) transposed in memory; same shapes, same values.
+
+    A decode step multiplies one row of activations by each weight (a GEMV). CPU BLAS libraries
+    stream a weight stored [in, out] (column-major for its [out, in] shape) faster than the
+    row-major one nn.Linear allocates on some CPUs; Hugging Face's GPT-2 (Conv1D) stores its
+    blocks that way. Whether it wins here is measured, not assumed: the bench rows run with it
+    on CPU, and lesson 08 times both layouts. Returns the model, changed in place.
+    """
+    seen: dict[int, torch.nn.Parameter] = {}
+    for module in model.modules():
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            w = module.weight
+            if id(w) not in seen:      # a tied tensor is moved once and stays shared
+                seen[id(w)] = torch.nn.Parameter(w.t().contiguous().t(), requires_grad=w.requires_grad)
+            module.weight = seen[id(w)]
+    return model
+
+
+__all__ = ["BATCH_HINT", "PackedLinear", "column_major_weights", "prepack_linears", "prepack_unavailable"]
