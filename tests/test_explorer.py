@@ -75,7 +75,7 @@ def test_bad_requests_are_refused_before_anything_runs(settings, message):
 def test_a_request_that_does_not_fit_memory_says_how_to_shrink_it(monkeypatch):
     monkeypatch.setattr(measure, "free_bytes", lambda device: 1e6)
     with pytest.raises(ValueError, match="GB is free.*smaller preset"):
-        measure.check_request("gpt2-xl", 128, 32, 1, "fp32", "cpu")
+        measure.check_preset_request("gpt2-xl", 128, 32, 1, "fp32", "cpu")
 
 
 def test_out_of_memory_during_a_request_frees_models_and_says_what_to_do(monkeypatch):
@@ -189,15 +189,15 @@ def test_impossible_setting_shows_a_message_and_keeps_the_last_plot(monkeypatch)
         ex.prompt_len.value = 256                        # 256 + new tokens > tiny's context: refused, by name
     assert ex.prompt_len.value == kept and ex.prompt_len.value + ex.new_tokens.value <= 256
     assert "TTFT" in ex.status.value
-    real = measure.check_request
+    real = measure.check_preset_request
 
     def too_big(**s):
         raise ValueError("tiny in fp32 needs about 99.0 GB, but only 1.0 GB is free on cpu; choose a smaller preset")
-    monkeypatch.setattr(measure, "check_request", too_big)
+    monkeypatch.setattr(measure, "check_preset_request", too_big)
     before = list(ex.fig_timeline.figure.data[2].x)
     ex.batch.value = 32
     assert "needs about 99.0 GB" in ex.status.value and list(ex.fig_timeline.figure.data[2].x) == before
-    monkeypatch.setattr(measure, "check_request", real)
+    monkeypatch.setattr(measure, "check_preset_request", real)
     ex.batch.value = 2                                   # a good setting works again
     assert "TTFT" in ex.status.value
 
@@ -219,7 +219,7 @@ def test_changing_preset_adapts_the_prompt_slider(monkeypatch):
     ex = explorer(device="cpu", **TINY)
     assert ex.prompt_len.max == 256 - ex.new_tokens.min      # room for the fewest output tokens
     monkeypatch.setattr(ex, "_measure", lambda **s: pytest.fail("must not measure gpt2-small here"))
-    monkeypatch.setattr(measure, "check_request", lambda **s: (_ for _ in ()).throw(ValueError("too big")))
+    monkeypatch.setattr(measure, "check_preset_request", lambda **s: (_ for _ in ()).throw(ValueError("too big")))
     ex.preset.value = "gpt2-small"
     assert ex.prompt_len.max == 1024 - ex.new_tokens.min and "too big" in ex.status.value
 

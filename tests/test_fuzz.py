@@ -381,10 +381,10 @@ def test_measure_checks(data):
              context_length=bad_counts.filter(lambda v: v is not None))))
 
     def run():
-        measure.check_request(**a)
+        measure.check_preset_request(**a)
         return measure.memory_needed(**{k: v for k, v in a.items() if k != "device"})
-    outcome("measure.check_request+memory_needed", run,
-            named(spoilt, params(measure.check_request) + ["context length"],
+    outcome("measure.check_preset_request+memory_needed", run,
+            named(spoilt, params(measure.check_preset_request) + ["context length"],
                   {"preset": ["context length"], "prompt_len": ["prompt ("], "new_tokens": ["output ("]}),
             _finite_nonnegative)
 
@@ -572,13 +572,13 @@ def test_serving_engine(data):
     model = MODELS["other"]
     eng_kw, spoilt = data.draw(spoiled(
         dict(max_batch_size=st.integers(1, 4), block_size=st.sampled_from([1, 4, 16]), prefix_caching=st.booleans(),
-             kv_limit_bytes=st.one_of(st.none(), st.integers(0, 20_000)), mode=st.sampled_from(["continuous", "static"]),
+             kv_limit_bytes=st.one_of(st.none(), st.integers(0, 20_000)), batching=st.sampled_from(["continuous", "static"]),
              # at least the context (16) and the batch: valid with chunking on or off
              max_num_batched_tokens=st.one_of(st.none(), st.integers(16, 64)), chunked_prefill=st.booleans()),
         dict(max_batch_size=bad_counts, block_size=st.one_of(bad_counts, st.just(17)),
              prefix_caching=junk.filter(lambda v: not isinstance(v, bool)),
              kv_limit_bytes=st.one_of(small_bad_counts.filter(lambda v: v is not None and v != 0), huge),
-             mode=st.one_of(st.sampled_from(["fifo", "Continuous", ""]), junk),
+             batching=st.one_of(st.sampled_from(["fifo", "Continuous", ""]), junk),
              max_num_batched_tokens=st.one_of(bad_counts.filter(lambda v: v is not None), st.integers(1, 3)),
              chunked_prefill=junk.filter(lambda v: not isinstance(v, bool)))))
     req_kw, bad_req = data.draw(spoiled(

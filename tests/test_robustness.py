@@ -229,7 +229,7 @@ def test_decode_step_refuses_a_token_outside_the_vocab(model):
 INT_TAKERS = {
     "kv_summary(batch)": lambda b: kv_summary("tiny", 16, batch=b),
     "roofline.decode_bytes(batch)": lambda b: roofline.decode_bytes("tiny", 4, b),
-    "measure.check_request(batch)": lambda b: measure.check_request("tiny", 8, 4, b),
+    "measure.check_preset_request(batch)": lambda b: measure.check_preset_request("tiny", 8, 4, b),
     "KVCache(batch_size)": lambda b: KVCache(CFG, b, 4, device="meta"),
     "GPTConfig(n_layer)": lambda b: GPTConfig(vocab_size=8, context_length=8, n_layer=b, n_head=1, n_embd=4),
 }

@@ -123,9 +123,13 @@ def preset_choices(device) -> tuple[list[str], list[str]]:
     return offered, notes
 
 
-def check_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 1, dtype: str = "fp32",
-                  device="cpu", context_length: int | None = None) -> None:
-    """Raise a ValueError that names the problem and the way out, before anything is allocated."""
+def check_preset_request(preset: str, prompt_len: int, new_tokens: int, batch: int = 1, dtype: str = "fp32",
+                         device="cpu", context_length: int | None = None) -> None:
+    """Raise a ValueError that names the problem and the way out, before anything is allocated.
+
+    A request described by a preset and its lengths, before any model exists: the preset, the lengths against its
+    context, the dtype on this device, the memory it needs. (decode.loop.check_request checks a built model and its
+    ids.)"""
     cfg = model_config(preset, context_length)      # unknown preset -> ValueError listing the names
     batch = check_count("batch", batch, 1)
     prompt_len, new_tokens = _check_lengths(prompt_len, new_tokens)
@@ -421,6 +425,6 @@ def roofline_point(preset: str, phase: str, n: int, dtype: str = "fp32", device=
                 tokens_per_s=n / seconds)          # n prompt tokens, or one new token for each of n sequences
 
 
-__all__ = ["roofline_point", "time_pass", "available_devices", "check_request", "clear_models", "default_dtype_name", "dtype_choices",
-           "fixed_pass_s", "floor_sets_time", "free_bytes", "get_model", "measure_request", "measure_requests",
-           "memory_needed", "model_config", "preset_choices", "skeleton_config"]
+__all__ = ["roofline_point", "time_pass", "available_devices", "check_preset_request", "clear_models",
+           "default_dtype_name", "dtype_choices", "fixed_pass_s", "floor_sets_time", "free_bytes", "get_model",
+           "measure_request", "measure_requests", "memory_needed", "model_config", "preset_choices", "skeleton_config"]

@@ -161,7 +161,7 @@ class Explorer(w.VBox):
             if key in self.results:
                 row = self.results[key]
             else:
-                measure.check_request(**s)            # quick: context length, memory, dtype
+                measure.check_preset_request(**s)            # quick: context length, memory, dtype
                 # Checked before it is kept or drawn: a row missing a key must not half-draw the plots.
                 with quiet.watch(report=False) as window:
                     row = check_row("the measurement", self._run(s), ROW_NUMBERS, ROW_OTHERS)
