@@ -148,8 +148,8 @@ def test_chunked_prefill_keeps_the_solo_tokens_with_preemption_and_prefix_hits(b
         engine.submit(p, 30)
     results = engine.run()
     assert [r.tokens for r in results] == [solo(m, p, 30) for p in prompts]
-    assert engine.stats["cached_tokens"] > 0
-    assert budget == 1 or engine.stats["preemptions"] > 0      # one request at a time never runs out of blocks
+    assert engine.counts.cached_tokens > 0
+    assert budget == 1 or engine.counts.preemptions > 0      # one request at a time never runs out of blocks
     assert max(row["decode_tokens"] + row["prefill_tokens"] for row in engine.timeline) <= budget
     assert engine.blocks.used == 0
 
@@ -165,7 +165,7 @@ def test_packed_forwards_compute_no_padding():
     with count_forwards(m) as shapes:
         results = engine.run()
     real = sum(r.prompt_len - r.cached_tokens + len(r.tokens) - 1 for r in results)
-    assert sum(w for _, w in shapes) == engine.stats["token_rows"] == real
+    assert sum(w for _, w in shapes) == engine.counts.token_rows == real
     assert all(b == 1 for b, _ in shapes)
 
 
@@ -192,7 +192,7 @@ def test_preemption_by_recompute_keeps_the_tokens():
     for p in prompts:
         engine.submit(p, 40)
     results = engine.run()
-    assert engine.stats["preemptions"] > 0
+    assert engine.counts.preemptions > 0
     for r, p in zip(results, prompts):
         assert r.tokens == solo(m, p, 40)
     preempted = [r for r in results if len(r.spans) > 1]
@@ -226,7 +226,7 @@ def test_a_shared_prefix_is_served_from_the_cache():
     assert first.cached_tokens == 0 and second.cached_tokens == 32
     assert shapes[0] == (1, len(system) + 2 - 32)           # the prefill fed only the uncached tokens
     assert second.tokens == solo(m, system + [4, 5], 10)
-    assert engine.stats["cached_tokens"] == 32 and engine.stats["hit_rate"] == 32 / (43 + 42)
+    assert engine.counts.cached_tokens == 32 and engine.counts.hit_rate == 32 / (43 + 42)
 
 
 def test_requests_arriving_together_reuse_the_prefix_the_first_one_writes():
@@ -278,7 +278,7 @@ def test_prefix_caching_off_and_budget_zero_cache_nothing():
         for tail in ([1], [2], [3]):
             engine.submit(system + tail, 6)
         results = engine.run()
-        assert engine.stats["cached_tokens"] == 0 and engine.blocks.cached == 0, kwargs
+        assert engine.counts.cached_tokens == 0 and engine.blocks.cached == 0, kwargs
         assert all(r.tokens == solo(m, system + t, 6) for r, t in zip(results, ([1], [2], [3])))
 
 
@@ -367,9 +367,9 @@ def test_storage_grows_with_the_load_not_the_worst_case():
     engine = Engine(m, 8)
     engine.submit([1, 2, 3], 4)
     engine.run()
-    stats = engine.stats
-    assert stats["kv_bytes_allocated"] == stats["block_bytes"] * engine.runner.cache.blocks_allocated
-    assert engine.runner.cache.blocks_allocated < stats["n_blocks"] == 8 * math.ceil(CTX / 16)
+    counts = engine.counts
+    assert counts.kv_bytes_allocated == counts.block_bytes * engine.runner.cache.blocks_allocated
+    assert engine.runner.cache.blocks_allocated < counts.n_blocks == 8 * math.ceil(CTX / 16)
 
 
 # --- bad input -----------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ def test_a_run_serves_the_controls_workload_and_shows_the_meters(model):
     wl, slots, kw = calls[-1]
     assert slots == 3 and kw == {"prefix_caching": True, "max_num_batched_tokens": 2048} and len(wl) == 6
     assert all(r.arrival_s == 0 for r in wl) and len({r.prompt_ids[:32] for r in wl}) == 1
-    assert served.summary.n_completed == 6 and served.stats["hit_rate"] > 0
+    assert served.summary.n_completed == 6 and served.counts.hit_rate > 0
     for text in ("TTFT p50 / p99", "TPOT p50 / p99", "output tokens/s", "hit rate", "6 of 6 completed"):
         assert text in dash.meters.value
     assert "6 requests" in dash.status.value and "Could not" not in dash.status.value
@@ -38,7 +38,7 @@ def test_a_run_serves_the_controls_workload_and_shows_the_meters(model):
 
     dash.caching.value = False
     off = dash.run()
-    assert off.stats["hit_rate"] == 0 and calls[-1][2] == {"prefix_caching": False, "max_num_batched_tokens": 2048}
+    assert off.counts.hit_rate == 0 and calls[-1][2] == {"prefix_caching": False, "max_num_batched_tokens": 2048}
 
 
 def test_a_moved_control_marks_the_last_results_stale_until_the_next_run(model):

@@ -234,15 +234,36 @@ class Engine:
     # -- what it did -------------------------------------------------------------------------------
 
     @property
-    def stats(self) -> dict:
-        """Prefix-cache hits, preemptions and KV-cache memory since the engine was made."""
-        s = self.scheduler
-        return dict(prompt_tokens=s.prompt_tokens, cached_tokens=s.cached_tokens,
-                    hit_rate=s.cached_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,
-                    preemptions=s.preemptions, steps=self.steps, token_rows=self.runner.token_rows,
-                    blocks_used=self.blocks.used,
-                    blocks_cached=self.blocks.cached, peak_blocks=self.peak_blocks, n_blocks=self.blocks.n_blocks,
-                    block_bytes=self.runner.cache.block_bytes, kv_bytes_allocated=self.runner.cache.nbytes)
+    def counts(self) -> "EngineCounts":
+        """Prefix-cache hits, preemptions, steps and KV-cache memory since the engine was made."""
+        s, cache = self.scheduler, self.runner.cache
+        return EngineCounts(prompt_tokens=s.prompt_tokens, cached_tokens=s.cached_tokens, preemptions=s.preemptions,
+                            steps=self.steps, token_rows=self.runner.token_rows, blocks_used=self.blocks.used,
+                            blocks_cached=self.blocks.cached, peak_blocks=self.peak_blocks,
+                            n_blocks=self.blocks.n_blocks, block_bytes=cache.block_bytes,
+                            kv_bytes_allocated=cache.nbytes)
+
+
+@dataclass(frozen=True)
+class EngineCounts:
+    """What an engine did since it was made, counted (not timed; a workload's times are in its Summary)."""
+
+    prompt_tokens: int          # prompt tokens looked up in the prefix cache at admission
+    cached_tokens: int          # ... and found there
+    preemptions: int
+    steps: int
+    token_rows: int             # token rows the model computed, over every forward
+    blocks_used: int            # KV blocks held by running requests now
+    blocks_cached: int          # free blocks that still hold a known prefix
+    peak_blocks: int            # the most blocks in use after any step
+    n_blocks: int               # the pool's size in blocks
+    block_bytes: int            # K and V of one block, every layer
+    kv_bytes_allocated: int     # the pool's storage allocated now (it grows with the load)
+
+    @property
+    def hit_rate(self) -> float:
+        """The share of prompt tokens found in the prefix cache."""
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
 def run_workload(engine: Engine, workload: Workload, progress_desc: str = "",
@@ -283,7 +304,7 @@ class Served:
     results: list[RequestResult]
     wall_s: float
     summary: Summary
-    stats: dict
+    counts: EngineCounts
     timeline: list[dict]
 
 
@@ -293,7 +314,7 @@ def serve(model, workload: Workload, max_batch_size: int, *, slo=None, progress_
     one call. `progress_desc` shows a bar of finished requests in a notebook; `on_finished` see run_workload."""
     engine = Engine(model, max_batch_size, **engine_options)
     results, wall_s = run_workload(engine, workload, progress_desc, on_finished)
-    return Served(results, wall_s, summarize(results, wall_s, slo), engine.stats, engine.timeline)
+    return Served(results, wall_s, summarize(results, wall_s, slo), engine.counts, engine.timeline)
 
 
-__all__ = ["Engine", "Served", "run_workload", "serve"]
+__all__ = ["Engine", "EngineCounts", "Served", "run_workload", "serve"]

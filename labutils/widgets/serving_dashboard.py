@@ -35,13 +35,13 @@ def dashboard_workload(context_length: int, vocab_size: int, *, n_requests: int,
 
 def meters_html(served: Served) -> str:
     """The run's meters as a small HTML table: TTFT and TPOT p50/p99, throughput, cache hit rate."""
-    s, st = served.summary, served.stats
+    s, st = served.summary, served.counts
     rows = [("TTFT p50 / p99", f"{s.ttft_s.p50 * 1e3:,.1f} / {s.ttft_s.p99 * 1e3:,.1f} ms"),
             ("TPOT p50 / p99", f"{s.tpot_s.p50 * 1e3:,.1f} / {s.tpot_s.p99 * 1e3:,.1f} ms"),
             ("throughput", f"{s.output_tok_s:,.0f} output tokens/s ({s.request_per_s:.1f} requests/s)"),
-            ("prefix-cache hit rate", f"{st['hit_rate']:.0%} of prompt tokens"),
+            ("prefix-cache hit rate", f"{st.hit_rate:.0%} of prompt tokens"),
             ("requests", f"{s.n_completed} of {s.n_requests} completed in {s.wall_s:.2f} s; "
-                         f"{st['preemptions']} preemptions")]
+                         f"{st.preemptions} preemptions")]
     cells = "".join(f"<tr><td style='padding-right:16px'>{k}</td><td><b>{v}</b></td></tr>" for k, v in rows)
     return f"<table>{cells}</table>"
 
