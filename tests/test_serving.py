@@ -415,10 +415,11 @@ def test_not_a_model():
 
 @pytest.mark.parametrize("args, kwargs, exc, match", [
     (([], 4), {}, ValueError, "prompt_ids is empty"),
-    (("hello", 4), {}, TypeError, "encode text with the tokenizer"),
+    (("hello", 4), {}, TypeError, "encode text with the model's tokenizer"),
+    (({1: 2}, 4), {}, TypeError, "prompt_ids must be a list of token ids, got dict"),      # was taken as [1]
     (([1.5, 2], 4), {}, TypeError, r"prompt_ids\[0\] must be an int"),
-    (([1, VOCAB], 4), {}, ValueError, rf"prompt_ids\[1\] must be <= {VOCAB - 1}, got {VOCAB}; a token id"),
-    ((torch.zeros(2, 3, dtype=torch.long), 4), {}, TypeError, "one prompt"),
+    (([1, VOCAB], 4), {}, ValueError, rf"prompt_ids holds token id {VOCAB}, outside the vocab of size {VOCAB}"),
+    ((torch.zeros(2, 3, dtype=torch.long), 4), {}, ValueError, "must be one prompt, a 1-D sequence"),
     (([1, 2], 0), {}, ValueError, "max_new_tokens must be >= 1"),
     (([1, 2], 4), dict(arrival_s=-1), ValueError, "arrival_s must be a finite number >= 0"),
     (([1, 2], 4), dict(arrival_s=1e9), ValueError, "arrival_s must be a finite number >= 0 and <= 3600"),

@@ -11,7 +11,8 @@ from labutils.core import fake_cuda
 from labutils.perf import quiet
 from labutils.core.progress_bar import Steps
 from labutils.perf.roofline import kv_bytes_per_token
-from labutils.core.validate import check_choice, check_count, check_flag, check_number, model_dtype
+from labutils.core.validate import (check_choice, check_count, check_flag, check_number, check_prompt_ids,
+                                    model_dtype)
 from labutils.serving.blocks import BlockManager
 from labutils.serving.runner import ModelRunner
 from labutils.serving.scheduler import BATCHING, Scheduler
@@ -139,22 +140,7 @@ class Engine:
         return check_count("eos_id", eos_id, 0, V - 1, hint=f"a token id of this model's vocab (0..{V - 1}), or None")
 
     def _check_prompt(self, prompt_ids) -> list[int]:
-        if isinstance(prompt_ids, torch.Tensor):
-            if prompt_ids.dim() != 1 or prompt_ids.dtype.is_floating_point or prompt_ids.dtype == torch.bool:
-                raise TypeError(f"prompt_ids must be one prompt: a 1-D integer tensor or a list of ints, got a "
-                                f"{prompt_ids.dtype} tensor of shape {tuple(prompt_ids.shape)}")
-            prompt_ids = prompt_ids.tolist()
-        if isinstance(prompt_ids, (str, bytes, dict, set, frozenset)) or not hasattr(prompt_ids, "__iter__"):
-            raise TypeError(f"prompt_ids must be a list of token ids, got {type(prompt_ids).__name__}; "
-                            "encode text with the tokenizer first")
-        prompt = list(prompt_ids)
-        if not prompt:
-            raise ValueError("prompt_ids is empty; encode at least one token")
-        V = self.config.vocab_size
-        return [check_count(f"prompt_ids[{i}]", tok, 0, V - 1,
-                            hint=f"a token id of this model's vocab (0..{V - 1}); encode with the tokenizer "
-                                 "that matches this model")
-                for i, tok in enumerate(prompt)]
+        return list(check_prompt_ids("prompt_ids", prompt_ids, self.config.vocab_size))
 
     # -- the clock and the loop --------------------------------------------------------------------
 
