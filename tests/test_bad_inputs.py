@@ -25,7 +25,7 @@ def model():
 
 
 def _cases(model, tmp):
-    from labutils.decode.loop import sampling_probs
+    from labutils.decode.sampling import sampling_probs
     from labutils.decode.quant import quantize_per_channel
     from labutils.decode.speculative import PROMPT_LOOKUP, speculative_generate
     from labutils.measure import request as measure

@@ -279,8 +279,8 @@ def test_generate(which, fast, data):
         assert len(r.timestamps) == n and r.ttft_s >= 0 and (n == 1 or r.tpot_s >= 0)
     if fast:
         use_cache = kwargs.pop("use_cache")
-        kwargs["cache"] = "static" if use_cache is True else "growing" if use_cache is False else use_cache
-        spoilt = "cache" if spoilt == "use_cache" else spoilt
+        kwargs["cache_kind"] = "static" if use_cache is True else "growing" if use_cache is False else use_cache
+        spoilt = "cache_kind" if spoilt == "use_cache" else spoilt
     run = ((lambda: fastgen.fast_generate(model, **kwargs, mode="eager")) if fast else
            (lambda: gen.generate(model, **kwargs)))
     outcome("fastgen.fast_generate" if fast else "generate.generate", run,
