@@ -1,11 +1,13 @@
 """Sampling: greedy limits, top-k / top-p on hand-made distributions, seeded reproducibility, bad settings."""
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 from labutils.decode.loop import generate
 from labutils.decode.sampling import sample, sampling_probs
+from labutils.decode.speculative import PROMPT_LOOKUP, speculative_generate
 
-from test_generate import make_model, prompt
+from test_generate import count_forwards, make_model, prompt
 
 # A hand-made distribution: probabilities 0.5, 0.3, 0.15, 0.05, shuffled so order is not position.
 P = torch.tensor([0.15, 0.5, 0.05, 0.3], dtype=torch.float64)
@@ -152,3 +154,67 @@ def test_invalid_settings_raise(kwargs, error, message):
         sample(random_logits(), **kwargs)
     with pytest.raises(error, match=message):
         sampling_probs(random_logits(), **kwargs)
+
+
+# --- bad input: each of these passed silently before (NaN probabilities, token 0, a bare seed error) ------------------
+
+# Settings that sample (temperature > 0) or not, with and without the cuts.
+SETTINGS = st.fixed_dictionaries(dict(temperature=st.sampled_from([0.0, 0.5, 1.0, 3.0]),
+                                      top_k=st.sampled_from([None, 1, 3]), top_p=st.sampled_from([None, 0.5, 1.0]),
+                                      min_p=st.sampled_from([None, 0.1])))
+
+
+@st.composite
+def logits_with_a_nan(draw):
+    """Finite logits [batch, vocab] with one NaN somewhere (the first token too, which greedy used to return)."""
+    batch, vocab = draw(st.integers(1, 3)), draw(st.integers(1, 8))
+    values = draw(st.lists(st.floats(-20, 20, width=32), min_size=batch * vocab, max_size=batch * vocab))
+    logits = torch.tensor(values, dtype=torch.float32).view(batch, vocab)
+    logits[draw(st.integers(0, batch - 1)), draw(st.integers(0, vocab - 1))] = float("nan")
+    return logits
+
+
+@settings(max_examples=60, deadline=None)
+@given(logits=logits_with_a_nan(), sampling=SETTINGS)
+def test_sampling_probs_refuses_nan_logits(logits, sampling):
+    """They came back as NaN probabilities, which torch.multinomial then refused with a message about probs."""
+    with pytest.raises(ValueError, match="logits hold NaN.*weights or inputs are broken"):
+        sampling_probs(logits, **sampling)
+
+
+@settings(max_examples=60, deadline=None)
+@given(logits=logits_with_a_nan(), sampling=SETTINGS, seed=st.integers(0, 2 ** 31))
+def test_the_exponential_race_refuses_nan_logits(logits, sampling, seed):
+    """The fast loop's draw (sample with noise, once fastgen.pick_token) picked token 0 from NaN probabilities."""
+    noise = torch.empty(logits.shape).exponential_(generator=torch.Generator().manual_seed(seed))
+    with pytest.raises(ValueError, match="logits hold NaN"):
+        sample(logits, noise=noise, **sampling)
+
+
+def test_unchecked_sampling_is_the_callers_promise():
+    """check=False (a loop that checked its request once) skips the host sync, and NaN then goes through unseen."""
+    logits = torch.tensor([[float("nan"), 1.0, 2.0]])
+    assert torch.isnan(sampling_probs(logits, 1.0, check=False)).all()
+    assert int(sample(logits, 1.0, check=False, noise=torch.ones(1, 3))) == 0     # the old silent token 0
+
+
+@pytest.mark.parametrize("logits", [[[1.0, 2.0]], (1.0, 2.0), 3.0, "logits", None])
+def test_sampling_probs_wants_a_tensor(logits):
+    with pytest.raises(TypeError, match=r"logits must be a float tensor \[batch, vocab\], got .*model\(ids\)"):
+        sampling_probs(logits, temperature=1.0)
+
+
+def test_integer_logits_are_refused_by_name():
+    with pytest.raises(TypeError, match="logits must be a float tensor"):
+        sampling_probs(torch.tensor([[1, 2]]), temperature=1.0)
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(max_value=-1), draft=st.sampled_from(["model", PROMPT_LOOKUP]))
+def test_speculative_generate_refuses_a_negative_seed_before_any_forward(seed, draft):
+    target = make_model(2, seed=9)
+    with count_forwards(target) as shapes:
+        with pytest.raises(ValueError, match=r"seed must be >= 0.*None picks none"):
+            speculative_generate(target, target if draft == "model" else draft, prompt(1, 6, 9), 4,
+                                 temperature=1.0, seed=seed)
+    assert shapes == []

@@ -48,17 +48,21 @@ def check_logits(logits) -> None:
 
 
 def sampling_probs(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
-                   top_p: float | None = None, min_p: float | None = None) -> torch.Tensor:
+                   top_p: float | None = None, min_p: float | None = None, *, check: bool = True) -> torch.Tensor:
     """The distribution sample() draws from, [batch, vocab] in float32: temperature, top-k, top-p, then min-p.
 
     temperature=0 puts all mass on the argmax. top_k keeps every token tied with the k-th.
     top_p keeps the smallest set of most likely tokens whose probabilities add up to at least top_p.
     min_p keeps the tokens whose probability is at least min_p x the top token's (after temperature).
+    NaN logits are refused (they would give NaN probabilities); `check=False` skips that host sync, for a
+    loop that checked its request's logits once (sample, the fast loop's step, speculative decoding).
     """
     if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
         raise TypeError(f"logits must be a float tensor [batch, vocab], got {describe(logits)}; "
                         "pass the model's output, such as model(ids)[:, -1]")
     check_sampling(temperature, top_k, top_p, min_p)
+    if check:
+        check_logits(logits)
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
     # Shift the max to 0 first (softmax does the same inside): a tiny temperature then sends the other
@@ -108,15 +112,17 @@ def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = N
            min_p: float | None = None, noise: torch.Tensor | None = None) -> torch.Tensor:
     """Pick one token per row of logits [batch, vocab], on the logits' device. temperature=0 is greedy.
 
-    NaN logits are refused (greedy would otherwise return token 0); `check=False` skips that host sync.
-    `noise` draws by the exponential race instead of torch.multinomial (see sample_from): the fast loop's way.
+    NaN logits are refused (greedy would otherwise return token 0, and the exponential race too); `check=False`
+    skips that host sync, for a step whose request was checked once, in prefill. `noise` draws by the exponential
+    race instead of torch.multinomial (see sample_from): the fast loop's way.
     """
     check_sampling(temperature, top_k, top_p, min_p)
     if check:
         check_logits(logits)
     if temperature == 0:
         return logits.argmax(dim=-1)
-    return sample_from(sampling_probs(logits, temperature, top_k, top_p, min_p), temperature, generator, noise=noise)
+    probs = sampling_probs(logits, temperature, top_k, top_p, min_p, check=False)   # checked above, or by the caller
+    return sample_from(probs, temperature, generator, noise=noise)
 
 
 __all__ = ["check_logits", "check_sampling", "sample", "sample_from", "sampling_probs"]

@@ -159,7 +159,7 @@ def propose(draft, cache: KVCache, seq: list[int], k: int, sampling: dict, gener
         if greedy:
             tok = logits.argmax(dim=-1)       # the argmax of sampling_probs(logits, temperature=0)
         else:
-            q = sampling_probs(logits, **sampling)
+            q = sampling_probs(logits, **sampling, check=False)     # a host sync per draft token would cost more
             tok = sample_from(q, sampling["temperature"], generator)
             qs.append(q)
         tokens.append(tok)
@@ -195,6 +195,7 @@ def speculative_generate(target, draft, ids, max_new_tokens: int, *, k: int = 4,
     check_count("k", k, 1)
     check_count("ngram", ngram, 1)
     check_sampling(temperature, top_k, top_p)
+    seed = None if seed is None else check_seed(seed)      # a negative seed, before any forward pass
     if ids.shape[0] != 1:
         raise ValueError(f"speculative_generate takes one sequence, got a batch of {ids.shape[0]}: each sequence "
                          "accepts a different number of tokens per step; call it once per prompt")
@@ -206,7 +207,7 @@ def speculative_generate(target, draft, ids, max_new_tokens: int, *, k: int = 4,
     check_draft(target, draft, needed)
     target.check_ids(ids)
     lookup = isinstance(draft, str)
-    generator = fake_cuda.generator(device, None if seed is None else check_seed(seed))
+    generator = fake_cuda.generator(device, seed)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
 
     # Both caches hold every token of seq but the last; the last is fed with the next proposals.
@@ -240,7 +241,7 @@ def speculative_generate(target, draft, ids, max_new_tokens: int, *, k: int = 4,
         if temperature == 0:
             a, tok = accept_greedy(logits, proposal)
         else:
-            a, tok = accept(sampling_probs(logits, **sampling), q, proposal, temperature, generator)
+            a, tok = accept(sampling_probs(logits, **sampling, check=False), q, proposal, temperature, generator)
         step_tokens = proposal[:a].tolist() + [tok]
         # Roll back: entries past the accepted tokens are simply overwritten by the next step.
         t_cache.pos = n + a
