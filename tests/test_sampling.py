@@ -185,7 +185,7 @@ def test_sampling_probs_refuses_nan_logits(logits, sampling):
 @settings(max_examples=60, deadline=None)
 @given(logits=logits_with_a_nan(), sampling=SETTINGS, seed=st.integers(0, 2 ** 31))
 def test_the_exponential_race_refuses_nan_logits(logits, sampling, seed):
-    """The fast loop's draw (sample with noise, once fastgen.pick_token) picked token 0 from NaN probabilities."""
+    """The fast loop's draw (sample with noise, fastgen's own function before) picked token 0 from NaN probabilities."""
     noise = torch.empty(logits.shape).exponential_(generator=torch.Generator().manual_seed(seed))
     with pytest.raises(ValueError, match="logits hold NaN"):
         sample(logits, noise=noise, **sampling)
