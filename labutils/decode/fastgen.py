@@ -47,8 +47,8 @@ from labutils.decode.kvcache import KVCache
 from labutils.decode.static_cache import StaticKVCache
 from labutils.core.validate import check_choice, check_seed
 
-# How a decode step runs, chosen by mode=: "RUNNERS" and not "MODES", which is the serving scheduler's word for
-# continuous or static batching; the code already calls what a mode picks the step runner (self._run).
+# What mode= picks: the step runner (self._run), eager, a CUDA graph or torch.compile. A word of its own, apart from
+# serving's continuous or static batching.
 RUNNERS = ("auto", "eager", "graph", "compile")
 # Steps run before a capture or a compile (lazy init, workspaces; for reduce-overhead: compile, record, replay). Each
 # writes the next cache position from 0, so a cache of max_len positions allows at most max_len of them: a third step
