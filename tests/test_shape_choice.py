@@ -64,11 +64,21 @@ def test_fp16_where_the_gpu_has_no_bf16(monkeypatch):
 
 def test_off_cuda_the_lesson_keeps_its_own_shape():
     choice = shape_for("cpu", "tiny", cache_tokens=100_000)
-    assert (choice.preset, choice.dtype) == ("tiny", torch.float32)
-    with pytest.raises(ValueError, match="cpu_preset"):
+    assert (choice.preset, choice.dtype, choice.config) == ("tiny", torch.float32, GPTConfig.preset("tiny"))
+    with pytest.raises(ValueError, match="cpu_shape"):
         shape_for("cpu", "llama-9", cache_tokens=10)
     with pytest.raises(ValueError, match="share"):
         shape_for("cpu", "tiny", cache_tokens=10, share=0)
+
+
+def test_a_lesson_may_bring_its_own_cpu_config_and_still_gets_a_published_shape_on_a_gpu(monkeypatch):
+    own = GPTConfig(vocab_size=4096, context_length=1024, n_layer=8, n_head=8, n_embd=512)
+    here = shape_for("cpu", own, cache_tokens=3136, batch=9)
+    assert (here.config, here.dtype, here.preset) == (own, torch.float32, "the lesson's 8-layer, 512-wide GPT")
+    with emulated_cuda():
+        gpu(monkeypatch, 139.0)
+        there = shape_for("cuda", own, cache_tokens=3136, batch=9)
+    assert (there.preset, there.config) == ("llama-2-7b", GPTConfig.preset("llama-2-7b"))
 
 
 def test_every_llama_preset_builds_as_its_published_parameter_count():

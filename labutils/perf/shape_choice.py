@@ -16,6 +16,7 @@ import torch
 from labutils.core.devices import default_dtype, describe_device, free_memory_bytes, resolve_device
 from labutils.core.dtypes import dtype_name
 from labutils.core.validate import check_choice, check_count, check_number
+from labutils.model.gpt import GPTConfig
 from labutils.model.presets import PRESETS
 from labutils.perf.roofline import kv_cache_bytes, weight_bytes
 
@@ -29,48 +30,56 @@ LADDERS = (("tiny", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl"),
 
 @dataclass(frozen=True)
 class ShapeChoice:
-    """The preset a lesson measures on, the dtype it runs in, and why, in a line a lesson prints."""
+    """The shape a lesson measures on (its name and config), the dtype it runs in, and why, in a line a lesson prints.
+    `preset` is a name in PRESETS, or, for a lesson's own CPU config, a few words that describe it."""
 
     preset: str
     dtype: torch.dtype
     why: str
+    config: GPTConfig
 
     def __str__(self) -> str:
         return f"{self.preset} in {dtype_name(self.dtype)}: {self.why}\n({HOW_TO_CHOOSE})"
 
 
-def shape_for(device, cpu_preset: str, *, cache_tokens: int, batch: int = 1,
+def shape_for(device, cpu_shape: str | GPTConfig, *, cache_tokens: int, batch: int = 1,
               share: float = MEMORY_SHARE) -> ShapeChoice:
-    """The lesson's model on `device`: `cpu_preset` in fp32 off CUDA; on CUDA the first of GPU_SHAPES whose weights
-    plus a cache of `batch` x `cache_tokens` tokens, in bf16 (fp16 where the GPU has no bf16), take at most `share`
-    of the free memory. A GPU too small for all of them keeps `cpu_preset`, and says so."""
+    """The lesson's model on `device`: `cpu_shape` (a preset name, or a lesson's own GPTConfig) in fp32 off CUDA; on
+    CUDA the first of GPU_SHAPES whose weights plus a cache of `batch` x `cache_tokens` tokens, in bf16 (fp16 where
+    the GPU has no bf16), take at most `share` of the free memory. A GPU too small for all of them keeps `cpu_shape`,
+    and says so."""
     device = resolve_device(device)
-    cpu_preset = check_choice("cpu_preset", cpu_preset, PRESETS)
+    if isinstance(cpu_shape, GPTConfig):
+        cpu_name, cpu_config = f"the lesson's {cpu_shape.n_layer}-layer, {cpu_shape.n_embd}-wide GPT", cpu_shape
+    else:
+        cpu_name = check_choice("cpu_shape", cpu_shape, PRESETS,
+                                hint="a preset name, or a GPTConfig of the lesson's own")
+        cpu_config = GPTConfig.preset(cpu_name)
     cache_tokens = check_count("cache_tokens", cache_tokens, 1)
     batch = check_count("batch", batch, 1)
     share = check_number("share", share, above=0.0, maximum=1.0, hint="the share of free memory, such as 0.5")
     if device.type != "cuda":
-        return ShapeChoice(cpu_preset, torch.float32, f"the course's shape on a {device.type}: small enough to "
-                                                      "time in seconds there")
+        return ShapeChoice(cpu_name, torch.float32, f"the course's shape on a {device.type}: small enough to "
+                                                    "time in seconds there", cpu_config)
     dtype = default_dtype(device)
     sixteen = "" if dtype == torch.bfloat16 else "; fp16, because this GPU has no bf16"
     free = free_memory_bytes(device)
     where = describe_device(device)
     if free is None:
-        return ShapeChoice(cpu_preset, dtype, f"{where} does not say how much memory is free, so the small shape"
-                                              f"{sixteen}")
+        return ShapeChoice(cpu_name, dtype, f"{where} does not say how much memory is free, so the small shape"
+                                            f"{sixteen}", cpu_config)
     name = largest_fitting(free, dtype, cache_tokens, batch, share)
     if name is not None:
         weights, cache = _bytes(name, dtype, cache_tokens, batch)
         return ShapeChoice(name, dtype, (
             f"the largest of {', '.join(GPU_SHAPES)} whose weights ({weights / 1e9:.1f} GB) and cache of "
             f"{batch} x {cache_tokens:,} tokens ({cache / 1e9:.2f} GB) fit in {share:.0%} of the "
-            f"{free / 1e9:.1f} GB free on {where}{sixteen}"))
+            f"{free / 1e9:.1f} GB free on {where}{sixteen}"), GPTConfig.preset(name))
     smallest = GPU_SHAPES[-1]
     need = sum(_bytes(smallest, dtype, cache_tokens, batch))
-    return ShapeChoice(cpu_preset, dtype, (
+    return ShapeChoice(cpu_name, dtype, (
         f"even {smallest} needs {need / 1e9:.1f} GB, more than {share:.0%} of the {free / 1e9:.1f} GB free on "
-        f"{where}, so the small shape; its decode measures overheads more than bytes{sixteen}"))
+        f"{where}, so the small shape; its decode measures overheads more than bytes{sixteen}"), cpu_config)
 
 
 def largest_fitting(free_bytes: float, dtype: torch.dtype, cache_tokens: int, batch: int = 1,
