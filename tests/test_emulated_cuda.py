@@ -48,7 +48,7 @@ def every_path(model: GPT, device: str) -> dict[str, list[int]]:
     model = copy.deepcopy(model).to(device)
     ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3]], device=device)
     out = {"loop: prefill + decode_step": generate(model, ids, NEW).tokens[0].tolist(),
-           "fast loop: static cache, eager step": FastDecoder(model, 1, 32, mode="eager", cache="static")
+           "fast loop: static cache, eager step": FastDecoder(model, 1, 32, mode="eager", cache_kind="static")
            .generate(ids, NEW).tokens[0].tolist()}
     engine = Engine(model, 2, block_size=4)
     first = engine.submit(ids[0].tolist(), NEW)

@@ -84,8 +84,8 @@ def test_the_fast_loop_eager_step_and_prefill(dtype, cache):
         m = fake_model(dtype)
         ids = torch.zeros(1, 5, dtype=torch.long, device="cuda")
         with sixteen_bit(m, dtype):
-            greedy = fast_generate(m, ids, 4, mode="eager", cache=cache)
-            dec = FastDecoder(m, 1, 12, mode="eager", cache=cache, temperature=0.8, top_k=5)
+            greedy = fast_generate(m, ids, 4, mode="eager", cache_kind=cache)
+            dec = FastDecoder(m, 1, 12, mode="eager", cache_kind=cache, temperature=0.8, top_k=5)
             sampled = dec.generate(ids, 4, seed=1)
         assert greedy.tokens.shape == sampled.tokens.shape == (1, 4)
         assert dec.cache.k.device.type == "cuda" and dec.token.device.type == "cuda"

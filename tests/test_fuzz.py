@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 import labutils
 from labutils.decode import loop as gen
+from labutils.decode import sampling
 from labutils.decode import fastgen
 from labutils.core import devices
 from labutils.perf import probes, roofline, timing
@@ -217,7 +218,7 @@ def test_sample(lg, data, seed):
         assert tok.shape == (lg.shape[0],) and ((0 <= tok) & (tok < lg.shape[1])).all()
         assert torch.isfinite(lg[torch.arange(lg.shape[0]), tok]).all()     # never a masked (-inf) token
     g = torch.Generator().manual_seed(seed)
-    outcome("generate.sample", lambda: gen.sample(lg, **kwargs, generator=g),
+    outcome("sampling.sample", lambda: sampling.sample(lg, **kwargs, generator=g),
             named(spoilt, ["temperature", "top_k", "top_p", "logits"]), invariant)
 
 

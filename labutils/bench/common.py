@@ -96,8 +96,8 @@ def bench_dtype(s: BenchSettings) -> torch.dtype:
 
 
 def fast_model(model: GPT, s: BenchSettings) -> GPT:
-    """The model as the fast loop runs it on this device: on CPU with column-major weights (fastgen.column_major_weights)."""
-    from labutils.decode.fastgen import column_major_weights
+    """The model as the fast loop runs it on this device: on CPU with column-major weights (prepack.column_major_weights)."""
+    from labutils.decode.prepack import column_major_weights
     return column_major_weights(model) if s.device.type == "cpu" else model
 
 

@@ -62,7 +62,7 @@ def _runner(req: Request) -> tuple[Callable[[], GenerationResult], float, str, s
     with warnings.catch_warnings():     # the reason is kept in dec.fallback, and shown by the caller
         warnings.simplefilter("ignore", RuntimeWarning)
         on_gpu = model_device(req.model).type == "cuda"
-        if settings["mode"] == "eager" or settings["cache"] != "static" or not on_gpu:
+        if settings["mode"] == "eager" or settings["cache_kind"] != "static" or not on_gpu:
             dec = FastDecoder(req.model, ids.shape[0], ids.shape[1] + n, **settings)
         else:                           # a captured step is kept per shape bucket: never captured twice
             dec = decoder_for(req.model, ids.shape[0], ids.shape[1] + n, **settings)
