@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from labutils.core.devices import GiB
+from labutils.model.presets import get_shape
 from labutils.perf import roofline
 from labutils.perf.datasheets import SPECS
 from labutils.perf.peaks import Peaks
@@ -118,6 +119,27 @@ def rows() -> list[tuple[str, str, str, str]]:
     out.append(("09", "a step costs about its byte floor plus the skeleton's step (CPU only)",
                 "on a GPU a large kernel hides its own start-up cost behind its bytes, so the two overlap",
                 "not expected: the claim says so"))
+    m11 = _shape(3072 + 64, 9)                                # lesson 11 section 2: 8 streams and one long prompt
+    long = min(3 * get_shape(m11).context_length // 4, 3072)         # the lesson's rule
+    whole = roofline.prefill_floor_s(m11, long, peak_flops=flops)
+    step8 = roofline.decode_step_s(m11, 64, 8, BF16, bandwidth_Bps=bw, peak_flops=flops)
+    chunk = roofline.decode_step_s(m11, 64, 64, BF16, bandwidth_Bps=bw, peak_flops=flops)   # 8 decode + 56 prompt
+    out.append(("11", "a whole prefill makes the streams' p99 ITL spike far above their median (at least 5x)",
+                f"{m11}: a {long:,}-token prefill, {roofline.prefill_flops(m11, long) / 1e12:.0f} TFLOP / "
+                f"{flops / 1e12:.0f} TFLOP/s, against a step of 8 streams, {step8 * 1e3:.2f} ms (its weights' read)",
+                f"{(whole + step8) / step8:.0f}x at the floors (8 of the 376 gaps hold the stall: p99 is one)"))
+    out.append(("11", "chunked prefill cuts that p99 ITL at least in half (budget 64)",
+                f"a step of 64 tokens (8 decode + 56 prompt) at its floor, {chunk * 1e3:.2f} ms, against the stall",
+                f"{chunk / (whole + step8):.2f}x at the floors"))
+    out.append(("11", "the price: the long prompt's TTFT grows (chunked / whole, at least 1x)",
+                f"{-(-long // 56)} steps of {chunk * 1e3:.2f} ms against one of {(whole + step8) * 1e3:.0f} ms",
+                f"{-(-long // 56) * chunk / (whole + step8):.1f}x at the floors"))
+    sweep = roofline.prefill_floor_s(m11, 768, peak_flops=flops)
+    step32 = roofline.decode_step_s(m11, 64, 32, BF16, bandwidth_Bps=bw, peak_flops=flops)
+    out.append(("11", "section 3: the smallest budget keeps p99 ITL well below whole prefills' (at most 0.5x)",
+                f"a step of 32 tokens at its floor, {step32 * 1e3:.2f} ms, against one holding a 768-token prefill "
+                f"({roofline.prefill_flops(m11, 768) / 1e12:.1f} TFLOP, {sweep * 1e3:.1f} ms)",
+                f"{step32 / (sweep + step8):.2f}x at the floors, for the p99 gap that holds such a prefill"))
     return out
 
 

@@ -7,6 +7,7 @@ import torch
 from labutils import gpu_predictions
 from labutils.core.emulated_cuda import emulated_cuda
 from labutils.core.paths import SOURCE_ROOT
+from labutils.model.gpt import GPTConfig
 from labutils.perf.shape_choice import shape_for
 
 
@@ -24,10 +25,13 @@ def test_each_lesson_row_uses_the_shape_that_lesson_gets_on_the_h200(monkeypatch
         lesson_07 = shape_for("cuda", "gpt2-small", cache_tokens=512 + 128, batch=64)
         lesson_06 = shape_for("cuda", "tiny", cache_tokens=4096)
         lesson_09 = shape_for("cuda", "tiny", cache_tokens=128 + 1, batch=64)
+        lesson_11 = shape_for("cuda", GPTConfig(vocab_size=4096, context_length=1024, n_layer=8, n_head=8, n_embd=512),
+                              cache_tokens=3072 + 64, batch=9)
     rows = gpu_predictions.rows()
     assert rows[0][3] == lesson_05.preset == "llama-2-7b"
     assert all(lesson_07.preset in arithmetic for lesson, _, arithmetic, _ in rows
                if lesson == "07" and "llama" in arithmetic)
     assert all(lesson_06.preset in arithmetic for lesson, _, arithmetic, _ in rows if lesson == "06" and "TFLOP" in arithmetic)
     assert any(lesson == "09" and arithmetic.startswith(f"{lesson_09.preset}:") for lesson, _, arithmetic, _ in rows)
-    assert {lesson for lesson, *_ in rows} == {"05", "06", "07", "08", "09"}
+    assert any(lesson == "11" and arithmetic.startswith(f"{lesson_11.preset}:") for lesson, _, arithmetic, _ in rows)
+    assert {lesson for lesson, *_ in rows} == {"05", "06", "07", "08", "09", "11"}

@@ -36,9 +36,10 @@ shape_choice.LADDERS = (("llama-toy", "llama-toy-2"),)
 
 
 # A lesson, and the heading its GPU-shaped part ends at (None: all of it). Lesson 09's later sections serve the
-# trained tiny model on any device, through a real vLLM server among them: only section 1 asks shape_for.
+# trained tiny model on any device, through a real vLLM server among them: only section 1 asks shape_for. Lesson 11's
+# sections 2 and 3 do (the stall and the budget sweep); section 4 on reads their results, then simulates and asks vLLM.
 LESSONS = [("05_prefill_decode.ipynb", None), ("06_kv_cache.ipynb", None), ("07_memory_wall.ipynb", None),
-           ("09_serving.ipynb", "## 2.")]
+           ("09_serving.ipynb", "## 2."), ("11_two_phases.ipynb", "## 4.")]
 
 
 @pytest.mark.parametrize("lesson,until", LESSONS)

@@ -75,6 +75,7 @@ def test_a_lesson_may_bring_its_own_cpu_config_and_still_gets_a_published_shape_
     own = GPTConfig(vocab_size=4096, context_length=1024, n_layer=8, n_head=8, n_embd=512)
     here = shape_for("cpu", own, cache_tokens=3136, batch=9)
     assert (here.config, here.dtype, here.preset) == (own, torch.float32, "the lesson's 8-layer, 512-wide GPT")
+    assert "in place of the lesson's config" in str(here) and "set PRESET" in str(shape_for("cpu", "tiny", cache_tokens=9))
     with emulated_cuda():
         gpu(monkeypatch, 139.0)
         there = shape_for("cuda", own, cache_tokens=3136, batch=9)

@@ -9,6 +9,7 @@ copy, a draft) and what the learner already holds.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,8 @@ from labutils.perf.roofline import kv_cache_bytes, weight_bytes
 GPU_SHAPES = ("llama-2-7b", "llama-3.2-3b", "llama-3.2-1b")    # largest first: the seeds' 7B, then Llama 3.2's
 MEMORY_SHARE = 0.5
 HOW_TO_CHOOSE = "another shape: set PRESET to any name in labutils.model.PRESETS whose weights and cache fit here"
+HOW_TO_CHOOSE_OWN = ("another shape: give shape_for any name in labutils.model.PRESETS in place of the lesson's "
+                     "config, or build(GPTConfig.preset(name), device, dtype)")
 # Each family from small to large, for "the next larger shape" (a lesson's exercise compares two sizes).
 LADDERS = (("tiny", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl"),
            ("llama-3.2-1b", "llama-3.2-3b", "llama-2-7b", "llama-2-13b", "llama-2-70b"))
@@ -37,9 +40,10 @@ class ShapeChoice:
     dtype: torch.dtype
     why: str
     config: GPTConfig
+    how_to_choose: str = HOW_TO_CHOOSE     # the lesson's knob: PRESET, or (for its own config) shape_for's argument
 
     def __str__(self) -> str:
-        return f"{self.preset} in {dtype_name(self.dtype)}: {self.why}\n({HOW_TO_CHOOSE})"
+        return f"{self.preset} in {dtype_name(self.dtype)}: {self.why}\n({self.how_to_choose})"
 
 
 def shape_for(device, cpu_shape: str | GPTConfig, *, cache_tokens: int, batch: int = 1,
@@ -48,7 +52,13 @@ def shape_for(device, cpu_shape: str | GPTConfig, *, cache_tokens: int, batch: i
     CUDA the first of GPU_SHAPES whose weights plus a cache of `batch` x `cache_tokens` tokens, in bf16 (fp16 where
     the GPU has no bf16), take at most `share` of the free memory. A GPU too small for all of them keeps `cpu_shape`,
     and says so."""
-    device = resolve_device(device)
+    choice = _choose(resolve_device(device), cpu_shape, cache_tokens, batch, share)
+    if isinstance(cpu_shape, GPTConfig):
+        return dataclasses.replace(choice, how_to_choose=HOW_TO_CHOOSE_OWN)
+    return choice
+
+
+def _choose(device: torch.device, cpu_shape, cache_tokens, batch, share) -> ShapeChoice:
     if isinstance(cpu_shape, GPTConfig):
         cpu_name, cpu_config = f"the lesson's {cpu_shape.n_layer}-layer, {cpu_shape.n_embd}-wide GPT", cpu_shape
     else:
@@ -105,5 +115,5 @@ def next_larger(preset: str) -> str:
                      f"{[name for ladder in LADDERS for name in ladder[:-1]]}")
 
 
-__all__ = ["GPU_SHAPES", "HOW_TO_CHOOSE", "LADDERS", "MEMORY_SHARE", "ShapeChoice", "largest_fitting", "next_larger",
+__all__ = ["GPU_SHAPES", "HOW_TO_CHOOSE", "HOW_TO_CHOOSE_OWN", "LADDERS", "MEMORY_SHARE", "ShapeChoice", "largest_fitting", "next_larger",
            "shape_for"]
