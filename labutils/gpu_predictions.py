@@ -16,7 +16,7 @@ from labutils.model.presets import get_shape
 from labutils.perf import roofline
 from labutils.perf.datasheets import SPECS
 from labutils.perf.peaks import Peaks
-from labutils.perf.shape_choice import MEMORY_SHARE, largest_fitting
+from labutils.perf.shape_choice import LONG_PROMPT_MOST, MEMORY_SHARE, largest_fitting, long_prompt_tokens
 
 H200 = Peaks(bandwidth_Bps=4158.7e9, flops=775.8e12, device_name="NVIDIA H200", dtype="bfloat16",
              source="measured by lesson 00 on the H200 run of 2026-12-04 (docs/gpu/h200-2026-12-04)")
@@ -119,8 +119,22 @@ def rows() -> list[tuple[str, str, str, str]]:
     out.append(("09", "a step costs about its byte floor plus the skeleton's step (CPU only)",
                 "on a GPU a large kernel hides its own start-up cost behind its bytes, so the two overlap",
                 "not expected: the claim says so"))
-    m11 = _shape(3072 + 64, 9)                                # lesson 11 section 2: 8 streams and one long prompt
-    long = min(3 * get_shape(m11).context_length // 4, 3072)         # the lesson's rule
+    m9p = _shape(LONG_PROMPT_MOST + 32, 4)                    # lesson 09 section 5: a long system prompt, then a hit
+    system = long_prompt_tokens(get_shape(m9p))
+    miss = roofline.prefill_floor_s(m9p, system + 12, peak_flops=flops)
+    hit = roofline.decode_step_s(m9p, system + 12, 1, BF16, bandwidth_Bps=bw, peak_flops=flops)   # few tokens: a read
+    out.append(("09", "with caching on, the second request's TTFT is a small fraction of the first's (at most 0.25)",
+                f"{m9p}: a {system + 12:,}-token prefill, {roofline.prefill_flops(m9p, system + 12) / 1e12:.0f} TFLOP, "
+                f"against one forward of its 12-token question over the cached {system:,}, {hit * 1e3:.2f} ms",
+                f"{hit / miss:.2f}x at the floors"))
+    chat = 2 * system // 3
+    off = roofline.prefill_floor_s(m9p, chat + 36, peak_flops=flops)      # the workload's mean question: 36 tokens
+    out.append(("09", "over the workload, prefix caching cuts the median TTFT (at most 0.5x)",
+                f"a step holding a {chat + 36:,}-token prefill ({off * 1e3:.1f} ms) against one holding only its "
+                f"question ({hit * 1e3:.2f} ms): the median request is not queued at 20 requests/s",
+                f"{hit / (off + hit):.2f}x at the floors"))
+    m11 = _shape(LONG_PROMPT_MOST + 64, 9)                    # lesson 11 section 2: 8 streams and one long prompt
+    long = long_prompt_tokens(get_shape(m11))                 # the lesson's rule: 3,072 on a 4,096 context
     whole = roofline.prefill_floor_s(m11, long, peak_flops=flops)
     step8 = roofline.decode_step_s(m11, 64, 8, BF16, bandwidth_Bps=bw, peak_flops=flops)
     chunk = roofline.decode_step_s(m11, 64, 64, BF16, bandwidth_Bps=bw, peak_flops=flops)   # 8 decode + 56 prompt

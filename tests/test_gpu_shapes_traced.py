@@ -35,22 +35,31 @@ shape_choice.LADDERS = (("llama-toy", "llama-toy-2"),)
 '''
 
 
-# A lesson, and the heading its GPU-shaped part ends at (None: all of it). Lesson 09's later sections serve the
-# trained tiny model on any device, through a real vLLM server among them: only section 1 asks shape_for. Lesson 11's
-# sections 2 and 3 do (the stall and the budget sweep); section 4 on reads their results, then simulates and asks vLLM.
-LESSONS = [("05_prefill_decode.ipynb", None), ("06_kv_cache.ipynb", None), ("07_memory_wall.ipynb", None),
-           ("09_serving.ipynb", "## 2."), ("11_two_phases.ipynb", "## 4.")]
+# A lesson, and the parts of it that ask shape_for: (first heading, heading it ends before), None for the start or the
+# end. Lesson 09's sections 2 to 4 serve the trained tiny model on any device, and later ones ask a real vLLM server:
+# only section 1 (decode against batch) and section 5 (prefix caching) ask shape_for. Lesson 11's sections 2 and 3 do
+# (the stall and the budget sweep); section 4 on reads their results, then simulates and asks vLLM.
+LESSONS = [("05_prefill_decode.ipynb", [(None, None)]), ("06_kv_cache.ipynb", [(None, None)]),
+           ("07_memory_wall.ipynb", [(None, None)]), ("09_serving.ipynb", [(None, "## 2."), ("## 5.", "## 6.")]),
+           ("11_two_phases.ipynb", [(None, "## 4.")])]
 
 
-@pytest.mark.parametrize("lesson,until", LESSONS)
-def test_a_lesson_runs_on_its_gpu_shape(lesson, until, tmp_path, monkeypatch):
+def heading_at(cells, heading: str | None, lesson: str, default: int) -> int:
+    if heading is None:
+        return default
+    found = [i for i, c in enumerate(cells) if f"\n{heading}" in f"\n{c.source}"]
+    assert found, f"{lesson} has no heading {heading!r}: update LESSONS in this test"
+    return found[0]
+
+
+@pytest.mark.parametrize("lesson,parts", LESSONS)
+def test_a_lesson_runs_on_its_gpu_shape(lesson, parts, tmp_path, monkeypatch):
     monkeypatch.setenv("LABUTILS_EMULATE_CUDA", "1")
     monkeypatch.setenv("LABUTILS_CACHE_DIR", str(tmp_path))     # emulated peaks stay out of the learner's cache
     nb = nbformat.read(NOTEBOOKS / lesson, as_version=4)
-    if until is not None:
-        ends = [i for i, c in enumerate(nb.cells) if f"\n{until}" in f"\n{c.source}"]
-        assert ends, f"{lesson} has no heading {until!r}: update LESSONS in this test"
-        nb.cells = nb.cells[:ends[0]]
+    cells = nb.cells
+    nb.cells = [c for start, end in parts
+                for c in cells[heading_at(cells, start, lesson, 0):heading_at(cells, end, lesson, len(cells))]]
     nb.cells.insert(0, nbformat.v4.new_code_cell(REGISTER_TOY_LLAMAS))
     client = NotebookClient(nb, timeout=600, kernel_name=gpu_check.KERNEL, allow_errors=True,
                             resources={"metadata": {"path": str(NOTEBOOKS)}})

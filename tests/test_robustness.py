@@ -10,7 +10,8 @@ import torch
 
 from labutils.measure import request as measure
 from labutils.perf import roofline, timing
-from labutils.decode.loop import decode_step, generate, prefill, sample, sampling_probs
+from labutils.decode.loop import decode_step, generate, prefill
+from labutils.decode.sampling import sample, sampling_probs
 from labutils.core.devices import pick_device
 from labutils.perf.peaks import Peaks
 from labutils.decode.kvcache import KVCache

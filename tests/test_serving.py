@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from labutils.decode.loop import generate
 from labutils.serving import blocks as blocks_mod
 from labutils.serving import engine as engine_mod
-from labutils.serving.engine import Engine, run_workload
-from labutils.serving.workload import make_workload
+from labutils.serving.engine import Engine, run_workload, serve
+from labutils.serving.workload import Request, SamplingParams, Workload, make_workload
 
 from test_generate import CTX, VOCAB, count_forwards, make_model
 
@@ -43,15 +43,15 @@ def max_batch_seen(engine):
 
 @settings(max_examples=16)
 @given(data=st.data(), max_batch=st.integers(1, 5), block_size=st.sampled_from([1, 4, 16]),
-       mode=st.sampled_from(["continuous", "static"]), caching=st.booleans(), kind=st.sampled_from([0, 1, 2]),
+       batching=st.sampled_from(["continuous", "static"]), caching=st.booleans(), kind=st.sampled_from([0, 1, 2]),
        budget=st.sampled_from([None, 5, 7, 64]), chunked=st.booleans())
-def test_every_request_gets_its_solo_greedy_tokens(data, max_batch, block_size, mode, caching, kind, budget, chunked):
+def test_every_request_gets_its_solo_greedy_tokens(data, max_batch, block_size, batching, caching, kind, budget, chunked):
     """Random prompt lengths (some sharing a prefix), output lengths, arrival times, batch limits and token budgets."""
     m = model(*[(4, False, 0), (2, False, 1), (1, True, 2)][kind])
     rng = random.Random(data.draw(st.integers(0, 10**6)))
     shared = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 40))]
     budget = budget if chunked else None          # without chunking the budget must hold a whole context
-    engine = Engine(m, max_batch, block_size=block_size, prefix_caching=caching, batching=mode,
+    engine = Engine(m, max_batch, block_size=block_size, prefix_caching=caching, batching=batching,
                     max_num_batched_tokens=budget, chunked_prefill=chunked)
     requests = []
     for _ in range(rng.randint(2, 7)):
@@ -182,6 +182,23 @@ def test_sampled_requests_follow_their_seeds_beside_anything():
             engine.submit(p, 16, **o)
         assert [r.tokens for r in engine.run()] == expect, (max_batch, budget)
     assert expect[0] != generate(m, prompts[0], 16, temperature=0.9, top_k=20, seed=5).tokens[0].tolist()
+    # The same requests as a workload: each Request carries its SamplingParams to the engine.
+    wl = Workload(tuple(Request(tuple(p), 16, sampling=SamplingParams(**o)) for p, o in zip(prompts, opts)))
+    assert [r.tokens for r in serve(m, wl, 3).results] == expect
+
+
+@pytest.mark.parametrize("sampling, exc, match", [
+    (dict(temperature=0.9), TypeError, "Request.sampling must be a SamplingParams, got dict"),
+    (SamplingParams(temperature=1.0, seed=2), None, None),
+])
+def test_a_request_carries_its_sampling_params_or_is_refused(sampling, exc, match):
+    if exc is None:
+        assert Request((1, 2), 4, sampling=sampling).sampling.seed == 2
+    else:
+        with pytest.raises(exc, match=match):
+            Request((1, 2), 4, sampling=sampling)
+    with pytest.raises(ValueError, match="seed"):
+        SamplingParams(temperature=1.0, seed=-1)
 
 
 def test_preemption_by_recompute_keeps_the_tokens():
@@ -299,16 +316,16 @@ def spans_of(results):
     return {r.id: r.spans for r in results}
 
 
-@pytest.mark.parametrize("mode", ["continuous", "static"])
-def test_continuous_fills_a_free_slot_at_once_and_static_waits_for_the_batch(mode):
+@pytest.mark.parametrize("batching", ["continuous", "static"])
+def test_continuous_fills_a_free_slot_at_once_and_static_waits_for_the_batch(batching):
     m = model()
-    engine = Engine(m, 2, batching=mode)
+    engine = Engine(m, 2, batching=batching)
     short, long_, waiting = engine.submit([1, 2, 3], 3), engine.submit([4, 5, 6], 30), engine.submit([7, 8, 9], 3)
     results = engine.run()
     s = spans_of(results)
     joined_waiting, left_short, left_long = s[waiting][0][0], s[short][0][1], s[long_][0][1]
     assert left_short < left_long
-    if mode == "continuous":
+    if batching == "continuous":
         assert left_short <= joined_waiting < left_long        # took the short request's slot
     else:
         assert joined_waiting >= left_long                      # waited for the whole batch
@@ -409,7 +426,7 @@ def test_bad_engine_settings(kwargs, exc, match):
 
 
 def test_not_a_model():
-    with pytest.raises(TypeError, match="model must be a labutils GPT"):
+    with pytest.raises(TypeError, match="model must be a GPT model"):
         Engine("gpt2", 2)
 
 

@@ -258,8 +258,9 @@ class FastDecoder:
         """Prefill eagerly, then n - 1 steps through the runner; each step's tokens land as they come."""
         landing.start()
         self._draw(gen)
-        # loop.prefill, eager: check_request has checked ids and cache, so only the logits are checked (NaN weights
-        # would otherwise give token 0 forever), once per request
+        # loop.prefill, eager: check_request has checked the ids and the sampling options, and the cache was built
+        # here for this length, so only the logits are checked (NaN weights would otherwise give token 0 forever),
+        # once per request
         first = prefill(self.model, ids, self.cache, check=False, noise=self.noise, **self.sampling)
         self.token.copy_(first[:, None])
         landing.land(0, self.token)

@@ -9,6 +9,7 @@ import torch
 from labutils.core import fake_cuda
 from labutils.perf import timing
 from labutils.decode.kvcache import KVCache
+from labutils.model.cache import Cache
 from labutils.decode.sampling import check_sampling, sample
 from labutils.core.validate import (check_cache, check_count, check_device, check_flag, check_seed, describe,
                                     model_device, model_dtype)
@@ -65,9 +66,9 @@ def decode_step(model, token: torch.Tensor, cache, *, check: bool = True, noise:
                          f"{tuple(token.shape) if isinstance(token, torch.Tensor) else describe(token)}")
     if check:
         _check_sampling_options(sampling)
-        model.check_ids(token[:, None], cache.pos)
-        check_cache(cache, model)
-        cache.check_fits(token.shape[0], 1)    # a StaticKVCache reads its position here: a host sync
+        if not isinstance(cache, Cache):
+            check_cache(cache, model)          # refuses what is no cache, by name
+        cache.check(model, token[:, None])     # the cache's own checks; a StaticKVCache reads its position: a sync
     logits = model(token[:, None], cache, check=False, last_only=True)
     return sample(logits[:, -1], check=check, noise=noise, **sampling)
 

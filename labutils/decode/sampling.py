@@ -54,14 +54,14 @@ def sampling_probs(logits: torch.Tensor, temperature: float = 0.0, top_k: int | 
     temperature=0 puts all mass on the argmax. top_k keeps every token tied with the k-th.
     top_p keeps the smallest set of most likely tokens whose probabilities add up to at least top_p.
     min_p keeps the tokens whose probability is at least min_p x the top token's (after temperature).
-    NaN logits are refused (they would give NaN probabilities); `check=False` skips that host sync, for a
-    loop that checked its request's logits once (sample, the fast loop's step, speculative decoding).
+    NaN logits are refused (they would give NaN probabilities); `check=False` skips that host sync and the
+    settings' checks, for a loop that checked its request once (sample, the fast loop's step, speculative decoding).
     """
     if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
         raise TypeError(f"logits must be a float tensor [batch, vocab], got {describe(logits)}; "
                         "pass the model's output, such as model(ids)[:, -1]")
-    check_sampling(temperature, top_k, top_p, min_p)
     if check:
+        check_sampling(temperature, top_k, top_p, min_p)
         check_logits(logits)
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
@@ -113,11 +113,12 @@ def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = N
     """Pick one token per row of logits [batch, vocab], on the logits' device. temperature=0 is greedy.
 
     NaN logits are refused (greedy would otherwise return token 0, and the exponential race too); `check=False`
-    skips that host sync, for a step whose request was checked once, in prefill. `noise` draws by the exponential
-    race instead of torch.multinomial (see sample_from): the fast loop's way.
+    skips that host sync and the settings' checks, for a step whose request was checked once, in prefill: the
+    per-token path then runs no Python checks at all. `noise` draws by the exponential race instead of
+    torch.multinomial (see sample_from): the fast loop's way.
     """
-    check_sampling(temperature, top_k, top_p, min_p)
     if check:
+        check_sampling(temperature, top_k, top_p, min_p)
         check_logits(logits)
     if temperature == 0:
         return logits.argmax(dim=-1)

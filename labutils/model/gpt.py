@@ -304,7 +304,7 @@ class GPT(nn.Module):
             if cache is None:
                 self.check_ids(ids)
             elif isinstance(cache, Cache):
-                cache.check(self, ids)       # what it is, layers, heads, dtype, device, room: once per request
+                cache.check(self, ids)       # the cache's own checks (KVCache: layers, heads, dtype, device, room)
             else:
                 raise TypeError(f"cache must be a KVCache (or StaticKVCache) built for the model, got "
                                 f"{describe(cache)}; make one with KVCache(model.config, batch_size, max_len)")

@@ -23,6 +23,7 @@ from labutils.perf.roofline import kv_cache_bytes, weight_bytes
 
 GPU_SHAPES = ("llama-2-7b", "llama-3.2-3b", "llama-3.2-1b")    # largest first: the seeds' 7B, then Llama 3.2's
 MEMORY_SHARE = 0.5
+LONG_PROMPT_MOST = 3072         # the longest "long prompt" a lesson asks for (long_prompt_tokens)
 HOW_TO_CHOOSE = "another shape: set PRESET to any name in labutils.model.PRESETS whose weights and cache fit here"
 HOW_TO_CHOOSE_OWN = ("another shape: give shape_for any name in labutils.model.PRESETS in place of the lesson's "
                      "config, or build(GPTConfig.preset(name), device, dtype)")
@@ -92,6 +93,13 @@ def _choose(device: torch.device, cpu_shape, cache_tokens, batch, share) -> Shap
         f"{where}, so the small shape; its decode measures overheads more than bytes{sixteen}"), cpu_config)
 
 
+def long_prompt_tokens(config, most: int = LONG_PROMPT_MOST) -> int:
+    """The lessons' long prompt on a shape: three quarters of its context, at most `most` tokens. 768 on the CPU's
+    1,024-token shapes; 3,072 on Llama-2-7B, whose prefill of 41 TFLOP takes some 55 ms on an H200, against a
+    3.2 ms decode step: long enough to matter there."""
+    return min(3 * check_count("context_length", config.context_length, 1) // 4, check_count("most", most, 1))
+
+
 def largest_fitting(free_bytes: float, dtype: torch.dtype, cache_tokens: int, batch: int = 1,
                     share: float = MEMORY_SHARE) -> str | None:
     """The first of GPU_SHAPES whose weights and a cache of batch x cache_tokens, in `dtype`, take at most `share` of
@@ -115,5 +123,5 @@ def next_larger(preset: str) -> str:
                      f"{[name for ladder in LADDERS for name in ladder[:-1]]}")
 
 
-__all__ = ["GPU_SHAPES", "HOW_TO_CHOOSE", "HOW_TO_CHOOSE_OWN", "LADDERS", "MEMORY_SHARE", "ShapeChoice", "largest_fitting", "next_larger",
-           "shape_for"]
+__all__ = ["GPU_SHAPES", "HOW_TO_CHOOSE", "HOW_TO_CHOOSE_OWN", "LADDERS", "LONG_PROMPT_MOST", "MEMORY_SHARE",
+           "ShapeChoice", "largest_fitting", "long_prompt_tokens", "next_larger", "shape_for"]

@@ -158,8 +158,8 @@ class BlockManager:
         Freeing a table twice, or a block that was never handed out, is refused before anything changes.
         """
         for block, n in Counter(table).items():
-            if not (isinstance(block, int) and 0 <= block < self.high_water) or self._blocks[block].ref_count < n:
-                held = self._blocks[block].ref_count if isinstance(block, int) and 0 <= block < self.high_water else 0
+            held = self.refcount(block) if isinstance(block, int) else 0
+            if held < n:                            # 0 for an id never handed out
                 raise ValueError(
                     f"free: block {block!r} is not in use (reference count {held}, freed "
                     f"{n} time(s) here): this table was freed already, or holds a block that was never "

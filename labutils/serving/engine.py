@@ -11,11 +11,10 @@ from labutils.core import fake_cuda
 from labutils.perf import quiet
 from labutils.core.progress_bar import Steps
 from labutils.perf.roofline import kv_bytes_per_token
-from labutils.core.validate import (check_choice, check_count, check_flag, check_number, check_prompt_ids,
-                                    model_dtype)
+from labutils.core.validate import check_count, check_flag, check_model, check_number, check_prompt_ids, model_dtype
 from labutils.serving.blocks import BlockManager
 from labutils.serving.runner import ModelRunner
-from labutils.serving.scheduler import BATCHING, Scheduler
+from labutils.serving.scheduler import Scheduler
 from labutils.serving.sequence import Sequence
 from labutils.serving.workload import MAX_ARRIVAL_S, RequestResult, SamplingParams, Summary, Workload, summarize
 
@@ -48,21 +47,17 @@ class Engine:
                  kv_limit_bytes: int | None = None, batching: str = "continuous",
                  max_num_batched_tokens: int | None = None, chunked_prefill: bool = True, clock=None,
                  export_kv: bool = False):
-        if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
-            raise TypeError(f"model must be a labutils GPT, got {type(model).__name__}")
-        self.config = model.config
+        self.config = check_model("model", model).config
         ctx = self.config.context_length
         max_batch_size = check_count("max_batch_size", max_batch_size, 1)
         block_size = check_count("block_size", block_size, 1, ctx, hint=f"a block holds at most the context ({ctx})")
         prefix_caching = check_flag("prefix_caching", prefix_caching)
         if kv_limit_bytes is not None:
             kv_limit_bytes = check_count("kv_limit_bytes", kv_limit_bytes, 0)
-        batching = check_choice("batching", batching, BATCHING)
-        chunked_prefill = check_flag("chunked_prefill", chunked_prefill)
         if clock is not None and not callable(clock):
             raise TypeError(f"clock must be a function returning seconds, got {type(clock).__name__}")
         self._clock, self.export_kv = clock, check_flag("export_kv", export_kv)
-        self.max_batch_size, self.block_size, self.batching = max_batch_size, block_size, batching
+        self.max_batch_size, self.block_size = max_batch_size, block_size
         per_request = -(-ctx // block_size)                       # blocks of one full-context request
         block_bytes = kv_bytes_per_token(self.config, model_dtype(model)) * block_size
         limit = max_batch_size * per_request if kv_limit_bytes is None else kv_limit_bytes // block_bytes

@@ -140,7 +140,7 @@ class PackedBatch:
       group over its rows' blocks gathered side by side (kernels.paged), a mask hiding each row's later positions.
       A group's rows are padded to its longest table, so a group never holds a table more than twice another's:
       one long request among short ones would otherwise make every row gather as many blocks as it has. The
-      engine orders the decode rows by table length, so groups are few;
+      runner (serving.runner) orders the decode rows by table length, so groups are few;
     - each prefill chunk attends alone, over its own blocks up to its last position, causal by offset.
     """
 

@@ -25,17 +25,18 @@ class ModelRunner:
         self.cache = PagedKVCache(self.config, block_size, n_blocks, self.device, self.dtype)
         self.token_rows = 0                          # token rows the model computed, over every forward
 
-    def run(self, plan: list[Feed], n_blocks_used: int) -> dict[Sequence, int]:
-        """One packed forward over `plan` (block ids below n_blocks_used in use); {request: its next token} for
-        every request fed its last token, read back to the host (the step's one wait for the device)."""
-        sampled, tokens = self.forward(plan, n_blocks_used)
+    def run(self, plan: list[Feed], high_water: int) -> dict[Sequence, int]:
+        """One packed forward over `plan`; {request: its next token} for every request fed its last token, read back
+        to the host (the step's one wait for the device). The pool grows to hold block ids below `high_water`
+        (BlockManager.high_water: every id handed out so far)."""
+        sampled, tokens = self.forward(plan, high_water)
         return dict(zip(sampled, tokens.tolist()))
 
-    def forward(self, plan: list[Feed], n_blocks_used: int) -> tuple[list[Sequence], torch.Tensor]:
+    def forward(self, plan: list[Feed], high_water: int) -> tuple[list[Sequence], torch.Tensor]:
         """run() without the wait: the requests fed their last token, and their next tokens left on the device."""
         # One-token rows first (PackedBatch's layout), shortest tables first, so rows of similar length attend together.
         plan = sorted(plan, key=lambda f: (f.n > 1, len(f.seq.table) if f.n == 1 else 0))
-        self.cache.ensure(n_blocks_used)
+        self.cache.ensure(high_water)
         for seq, _ in plan:
             if seq.kv is not None:                               # handed over: store it, then decode from it
                 self.cache.write(seq.table, seq.kv)

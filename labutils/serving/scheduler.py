@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable, NamedTuple
 
-from labutils.core.validate import check_count
+from labutils.core.validate import check_choice, check_count, check_flag
 from labutils.serving.blocks import BlockManager
 from labutils.serving.sequence import Sequence
-from labutils.serving.workload import RequestResult
+from labutils.serving.workload import RequestResult, Span
 
 BATCHING = ("continuous", "static")   # continuous (Orca, vLLM) or static batching
 # vLLM's default token budget for an online server (its API server's max_num_batched_tokens with chunked prefill).
@@ -39,10 +39,9 @@ class Scheduler:
 
     def __init__(self, blocks: BlockManager, max_batch_size: int, max_num_batched_tokens: int | None = None, *,
                  context_length: int, chunked_prefill: bool = True, batching: str = "continuous"):
-        if batching not in BATCHING:
-            raise ValueError(f"unknown batching {batching!r}; choose one of {list(BATCHING)}")
+        batching = check_choice("batching", batching, BATCHING)
         self.blocks, self.max_batch_size, self.batching = blocks, max_batch_size, batching
-        self.chunked_prefill = chunked_prefill
+        self.chunked_prefill = chunked_prefill = check_flag("chunked_prefill", chunked_prefill)
         self.max_num_batched_tokens = self.check_budget(max_num_batched_tokens, max_batch_size, chunked_prefill,
                                                         context_length)
         self.waiting: deque[Sequence] = deque()
@@ -178,7 +177,7 @@ class Scheduler:
         self.blocks.free(seq.table)
         seq.table = []
         self.running.remove(seq)
-        seq.spans.append((seq.joined_s, now))
+        seq.spans.append(Span(seq.joined_s, now))
 
     # -- internals ---------------------------------------------------------------------------------
 
@@ -189,7 +188,7 @@ class Scheduler:
         self.preemptions += 1
         self.preempted_now = True
         self.running.remove(seq)
-        seq.spans.append((seq.joined_s, now))
+        seq.spans.append(Span(seq.joined_s, now))
         self.waiting.appendleft(seq)
 
 

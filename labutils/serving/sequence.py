@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from labutils.serving.workload import GREEDY, RequestResult, SamplingParams
+from labutils.serving.workload import GREEDY, RequestResult, SamplingParams, Span
 
 
 @dataclass(eq=False)
@@ -36,7 +36,7 @@ class Sequence:
     n_computed: int = 0
     cached_tokens: int = 0
     preemptions: int = 0
-    spans: list[tuple[float, float]] = field(default_factory=list)
+    spans: list[Span] = field(default_factory=list)
     joined_s: float | None = None                        # when it last joined the running batch
     # prompt + generated tokens, the one list of them: grown in place, never rebuilt per use
     tokens: list[int] = field(init=False)

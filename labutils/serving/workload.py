@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -46,6 +47,13 @@ class SamplingParams:
 GREEDY = SamplingParams()
 
 
+class Span(NamedTuple):
+    """One stay of a request in the running batch: it joined at joined_s and left (finished or preempted) at left_s."""
+
+    joined_s: float
+    left_s: float
+
+
 @dataclass(frozen=True)
 class Request:
     """One request, for the course's Engine (its submit() arguments) and for a server client alike.
@@ -61,6 +69,11 @@ class Request:
     id: int | None = None
     eos_id: int | None = None
     sampling: SamplingParams = GREEDY
+
+    def __post_init__(self):
+        if not isinstance(self.sampling, SamplingParams):
+            raise TypeError(f"Request.sampling must be a SamplingParams, got {type(self.sampling).__name__}; for "
+                            "example SamplingParams(temperature=0.8, seed=1), or leave it out for greedy")
 
 
 @dataclass(frozen=True)
@@ -145,7 +158,7 @@ class RequestResult:
     prompt_len: int = 0
     error: str | None = None
     cached_tokens: int = 0                       # prompt tokens served from the prefix cache
-    spans: list[tuple[float, float]] = field(default_factory=list)   # (join, leave) of the running batch
+    spans: list[Span] = field(default_factory=list)      # its stays in the running batch
     kv: tuple | None = field(default=None, repr=False, compare=False)  # a prefill worker's prompt K/V (serving.disagg)
 
     @property
@@ -280,4 +293,4 @@ def summarize(finished, wall_s: float, slo: SLO | dict | None = None) -> Summary
 
 
 __all__ = ["COMPLETED", "GREEDY", "make_workload", "MAX_ARRIVAL_S", "Request", "RequestResult", "SamplingParams",
-           "SLO", "Stats", "summarize", "Summary", "Workload"]
+           "SLO", "Span", "Stats", "summarize", "Summary", "Workload"]
