@@ -500,7 +500,8 @@ def test_lesson09_dashboard_serves_and_draws_its_gantt(lab):
 
 
 def test_lesson11_plots_fit_and_label_each_runs_arrival(lab):
-    pick = lambda cells: code_cells(cells, "model = GPT(cfg)", "itl_figure(runs", "budget_figure(points)")  # noqa
+    pick = lambda cells: code_cells(cells, "model = GPT(cfg)", "wide = build(", "itl_figure(runs",  # noqa
+                                    "budget_figure(points)")
     with lesson_page(lab, "11_two_phases.ipynb", pick, timeout_s=600) as page:
         assert_every_plot_drawn(page)
         # Printed lines wrap at spaces on this page (labutils.PAGE_STYLE), not mid-word as JupyterLab's default.
