@@ -6,8 +6,7 @@ import html
 import ipywidgets as w
 import tiktoken
 
-from labutils.text.tokenizer import ENCODING_NAMES, encode, get_encoding
-from labutils.core.validate import describe
+from labutils.text.tokenizer import ENCODING_NAMES, as_encoding, encode, get_encoding
 
 PALETTE = ("#ffd6a5", "#caffbf", "#9bf6ff", "#bdb2ff", "#ffc6ff", "#fdffb6", "#a0c4ff", "#ffadad")
 MAX_TOKENS_SHOWN = 3000  # beyond this the browser, not the tokenizer, becomes the slow part
@@ -20,18 +19,9 @@ def token_label(token: bytes) -> str:
     return text.replace(" ", "\u00b7").replace("\t", "\u2192").replace("\r", "\u240d").replace("\n", "\u21b5\n")
 
 
-def _as_encoding(enc: tiktoken.Encoding | str) -> tiktoken.Encoding:
-    if isinstance(enc, str):
-        return get_encoding(enc)
-    if not isinstance(enc, tiktoken.Encoding):
-        raise TypeError(f"encoding must be a tiktoken.Encoding or its name (one of {list(ENCODING_NAMES)}), "
-                        f"got {describe(enc)}")
-    return enc
-
-
 def render_tokens(enc: tiktoken.Encoding | str, text: str) -> str:
     """HTML for text split by enc: one coloured span per token (its id in the tooltip and below), plus counts."""
-    enc = _as_encoding(enc)
+    enc = as_encoding(enc)
     ids = encode(enc, text)
     spans = []
     for i, tid in enumerate(ids[:MAX_TOKENS_SHOWN]):
@@ -58,7 +48,7 @@ class TokenViewer(w.VBox):
     """A Textarea, an encoding picker and the rendered tokens, re-rendered on every keystroke."""
 
     def __init__(self, encoding: tiktoken.Encoding | str = "cl100k_base", text: str = ""):
-        enc = _as_encoding(encoding)
+        enc = as_encoding(encoding)
         self.encodings = {name: None for name in ENCODING_NAMES}
         self.encodings[enc.name] = enc
         self.picker = w.Dropdown(options=list(self.encodings), value=enc.name, description="encoding")
