@@ -75,6 +75,9 @@ def test_handed_over_kv_from_another_model_is_refused():
         engine.run()
     with pytest.raises(ValueError, match="one position per prompt token"):
         Engine(MODEL, 1).submit_prefilled([1, 2], 5, 0.0, r.kv, 3, arrival_s=0.0, ready_s=0.0)
+    assert torch.equal(r.kv.keys, r.kv[0]) and r.kv.values.shape == r.kv.keys.shape      # a named pair
+    with pytest.raises(ValueError, match="the PromptKV a prefill worker's result carries"):
+        Engine(MODEL, 1).submit_prefilled([1, 2, 3, 4], 5, 0.0, tuple(r.kv), 3, arrival_s=0.0, ready_s=0.0)
 
 
 def test_bad_links_are_refused():

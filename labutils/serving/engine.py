@@ -16,7 +16,8 @@ from labutils.serving.blocks import BlockManager
 from labutils.serving.runner import ModelRunner
 from labutils.serving.scheduler import Scheduler
 from labutils.serving.sequence import Sequence
-from labutils.serving.workload import MAX_ARRIVAL_S, RequestResult, SamplingParams, Summary, Workload, summarize
+from labutils.serving.workload import (MAX_ARRIVAL_S, PromptKV, RequestResult, SamplingParams, Summary, Workload,
+                                      summarize)
 
 
 class Engine:
@@ -108,9 +109,9 @@ class Engine:
         prompt = self._check_prompt(prompt_ids)
         first_token = check_count("first_token", first_token, 0, self.config.vocab_size - 1)
         max_new_tokens = check_count("max_new_tokens", max_new_tokens, 1)
-        if not (isinstance(kv, tuple) and len(kv) == 2 and all(isinstance(t, torch.Tensor) for t in kv)
-                and kv[0].shape[1] == len(prompt)):
-            raise ValueError("kv must be the (keys, values) pair a prefill worker's result carries, one position "
+        if not (isinstance(kv, PromptKV) and all(isinstance(t, torch.Tensor) for t in kv)
+                and kv.keys.shape[1] == len(prompt)):
+            raise ValueError("kv must be the PromptKV a prefill worker's result carries (its .kv), one position "
                              "per prompt token")
         seq = Sequence(self._next_id, prompt, max_new_tokens, float(arrival_s), self._check_eos(eos_id),
                        ready_s=float(ready_s), kv=kv)

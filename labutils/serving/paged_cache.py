@@ -11,6 +11,7 @@ from labutils.model.kernels.attention import attention
 from labutils.model.kernels.paged import gather_blocks, paged_mask
 from labutils.perf.roofline import kv_bytes_per_token
 from labutils.core.validate import check_count, check_token_ids
+from labutils.serving.workload import PromptKV
 
 
 class PagedKVCache:
@@ -71,15 +72,15 @@ class PagedKVCache:
     def _slots(self, table: list[int], n: int) -> torch.Tensor:
         return torch.tensor(slots_of(table, 0, n, self.block_size), device=self.device)
 
-    def read(self, table: list[int], n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def read(self, table: list[int], n: int) -> PromptKV:
         """A copy of one request's keys and values at positions 0 .. n-1: [n_layer, n, n_kv_head, head_dim] each.
         What a prefill worker hands a decode worker (serving.disagg)."""
         slots = self._slots(table, n)
-        return torch.stack([pool[slots] for pool in self.k]), torch.stack([pool[slots] for pool in self.v])
+        return PromptKV(torch.stack([pool[slots] for pool in self.k]), torch.stack([pool[slots] for pool in self.v]))
 
-    def write(self, table: list[int], kv: tuple[torch.Tensor, torch.Tensor]) -> None:
+    def write(self, table: list[int], kv: PromptKV) -> None:
         """Store keys and values read() gave (from any cache of the same model) at positions 0 .. n-1 of `table`."""
-        k, v = kv
+        k, v = kv.keys, kv.values
         expected = (len(self.k), k.shape[1], *self.k[0].shape[1:])
         if tuple(k.shape) != expected or k.shape != v.shape:
             raise ValueError(f"handed-over keys and values of shape {tuple(k.shape)} and {tuple(v.shape)} do not fit "

@@ -8,6 +8,7 @@ from labutils.decode.sampling import check_logits, sample
 from labutils.serving.paged_cache import PagedKVCache, Row
 from labutils.serving.scheduler import Feed
 from labutils.serving.sequence import Sequence
+from labutils.serving.workload import PromptKV
 
 
 class ModelRunner:
@@ -67,7 +68,7 @@ class ModelRunner:
                 tokens[i] = sample(logits[i:i + 1], p.temperature, p.top_k, p.top_p, s.generator, check=False)[0]
         return tokens
 
-    def read(self, seq: Sequence) -> tuple[torch.Tensor, torch.Tensor]:
+    def read(self, seq: Sequence) -> PromptKV:
         """A copy of the keys and values of seq's computed positions (what a prefill worker hands over)."""
         return self.cache.read(seq.table, seq.n_computed)
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from labutils.serving.workload import GREEDY, RequestResult, SamplingParams, Span
+from labutils.serving.workload import GREEDY, PromptKV, RequestResult, SamplingParams, Span
 
 
 @dataclass(eq=False)
@@ -29,7 +29,7 @@ class Sequence:
     sampling: SamplingParams = GREEDY
     generator: torch.Generator | None = field(default=None, repr=False)
     ready_s: float | None = None                         # when it may join: arrival_s, or when its handed-over KV lands
-    kv: tuple | None = field(default=None, repr=False)   # handed-over keys and values, until the engine stores them
+    kv: PromptKV | None = field(default=None, repr=False)   # handed-over keys and values, until the runner stores them
     timestamps: list[float] = field(default_factory=list)
     table: list[int] = field(default_factory=list)       # block ids, in position order
     keys: list[bytes] = field(default_factory=list)      # prefix-cache keys of its full blocks

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
+import torch
 
 from labutils.decode.sampling import check_sampling
 from labutils.perf import timing
@@ -45,6 +46,14 @@ class SamplingParams:
 
 
 GREEDY = SamplingParams()
+
+
+class PromptKV(NamedTuple):
+    """A prompt's keys and values, each [n_layer, prompt tokens, n_kv_head, head_dim]: what a prefill worker hands a
+    decode worker (serving.disagg), read from one paged cache and written into another."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
 
 
 class Span(NamedTuple):
@@ -159,7 +168,7 @@ class RequestResult:
     error: str | None = None
     cached_tokens: int = 0                       # prompt tokens served from the prefix cache
     spans: list[Span] = field(default_factory=list)      # its stays in the running batch
-    kv: tuple | None = field(default=None, repr=False, compare=False)  # a prefill worker's prompt K/V (serving.disagg)
+    kv: PromptKV | None = field(default=None, repr=False, compare=False)   # a prefill worker's handover (disagg)
 
     @property
     def ok(self) -> bool:
@@ -292,5 +301,5 @@ def summarize(finished, wall_s: float, slo: SLO | dict | None = None) -> Summary
         slo=slo)
 
 
-__all__ = ["COMPLETED", "GREEDY", "make_workload", "MAX_ARRIVAL_S", "Request", "RequestResult", "SamplingParams",
+__all__ = ["COMPLETED", "GREEDY", "make_workload", "MAX_ARRIVAL_S", "PromptKV", "Request", "RequestResult", "SamplingParams",
            "SLO", "Span", "Stats", "summarize", "Summary", "Workload"]
