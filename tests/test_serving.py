@@ -501,6 +501,12 @@ def test_sequences_compare_by_identity_and_keep_their_tokens_whole():
     assert (a.tokens, a.generated, a.timestamps, a.prompt) == ([1, 2, 3, 9], [9], [1.5], [1, 2, 3])
 
 
+def test_similar_lengths_never_groups_a_table_more_than_twice_the_first():
+    from labutils.serving.paged_cache import similar_lengths
+    assert similar_lengths([2, 2, 3, 4, 5, 20, 21]) == [range(0, 4), range(4, 5), range(5, 7)]
+    assert similar_lengths([]) == [] and similar_lengths([7]) == [range(0, 1)]
+
+
 def test_decode_rows_attend_in_groups_of_similar_length():
     """One long request among short ones must not make every row gather as many blocks as it has."""
     from labutils.serving.paged_cache import PagedKVCache, Row
@@ -509,7 +515,7 @@ def test_decode_rows_attend_in_groups_of_similar_length():
     cache.ensure(40)
     rows = [Row([0], 2, 1), Row([1, 2], 5, 1), Row([3, 4], 6, 1), Row(list(range(5, 25)), 70, 1), Row([25, 26], 0, 7)]
     view = cache.batch(rows)
-    assert [(g.first, g.end, tuple(g.tables.shape)) for g in view._groups] == [(0, 3, (3, 2)), (3, 4, (1, 20))]
+    assert [(g.rows, tuple(g.tables.shape)) for g in view._groups] == [(range(0, 3), (3, 2)), (range(3, 4), (1, 20))]
     assert [(c.start, c.n, len(c.table)) for c in view._chunks] == [(0, 7, 2)]
     assert view.positions.tolist() == [2, 5, 6, 70, 0, 1, 2, 3, 4, 5, 6]
 

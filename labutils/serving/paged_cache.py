@@ -1,7 +1,6 @@
 """The paged KV cache's storage (a pool of blocks per layer) and the per-forward view GPT.forward reads it through."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -108,17 +107,25 @@ class Row(NamedTuple):
     n: int
 
 
-@dataclass
-class DecodeGroup:
-    """Decode rows first .. end - 1 of a packed batch, attending in one call: their tables padded to `width` blocks
-    (the longest), never more than twice the shortest (`narrowest`). `tables` and `mask` are set on the device."""
+class DecodeGroup(NamedTuple):
+    """Decode rows `rows` of a packed batch, attending in one call over their tables padded to the longest, on the
+    device: `tables` [rows, width] block ids, `mask` [rows, 1, 1, width * block_size] each row's written positions."""
 
-    first: int
-    end: int
-    narrowest: int
-    width: int
-    tables: torch.Tensor | None = None          # [rows, width] block ids
-    mask: torch.Tensor | None = None            # [rows, 1, 1, width * block_size]: each row's written positions
+    rows: range
+    tables: torch.Tensor
+    mask: torch.Tensor
+
+
+def similar_lengths(widths: list[int]) -> list[range]:
+    """Consecutive rows whose tables are at most twice the first's: one long table among short ones would otherwise
+    make every row of its group gather as many blocks as it has. `widths` come shortest first, so groups are few."""
+    groups: list[range] = []
+    for i, w in enumerate(widths):
+        if groups and widths[groups[-1].start] <= w <= 2 * widths[groups[-1].start]:
+            groups[-1] = range(groups[-1].start, i + 1)
+        else:
+            groups.append(range(i, i + 1))
+    return groups
 
 
 class PrefillChunk(NamedTuple):
@@ -162,15 +169,10 @@ class PackedBatch:
         # slot to read, always masked out); each prefill chunk's table up to its last position.
         positions = [p for r in rows for p in range(r.start, r.start + r.n)]
         slots = [s for r in rows for s in slots_of(r.table, r.start, r.n, bs)]
-        groups: list[DecodeGroup] = []
-        for i, r in enumerate(rows[:self.n_decode]):
-            w = len(r.table)
-            if groups and groups[-1].narrowest <= w <= 2 * groups[-1].narrowest:
-                groups[-1].end, groups[-1].width = i + 1, max(groups[-1].width, w)
-            else:
-                groups.append(DecodeGroup(i, i + 1, w, w))
-        padded = [b for g in groups for r in rows[g.first:g.end]
-                  for b in r.table + [r.table[-1]] * (g.width - len(r.table))]
+        groups = similar_lengths([len(r.table) for r in rows[:self.n_decode]])
+        widths = [max(len(rows[i].table) for i in g) for g in groups]
+        padded = [b for g, width in zip(groups, widths) for r in rows[g.start:g.stop]
+                  for b in r.table + [r.table[-1]] * (width - len(r.table))]
         chunk_tables = [r.table[:-(-(r.start + r.n) // bs)] for r in rows[self.n_decode:]]
         host = torch.tensor(positions + slots + padded + [b for t in chunk_tables for b in t])
         device = cache.device
@@ -180,12 +182,11 @@ class PackedBatch:
         N = len(positions)
         self.positions, self._write = index[:N], index[N:2 * N]
         at = 2 * N
-        for g in groups:
-            rows_in = g.end - g.first
-            g.tables = index[at:at + rows_in * g.width].view(rows_in, g.width)
-            g.mask = paged_mask(self.positions[g.first:g.end, None], g.width * bs)
-            at += rows_in * g.width
-        self._groups = groups
+        self._groups = []
+        for g, width in zip(groups, widths):
+            tables = index[at:at + len(g) * width].view(len(g), width)
+            self._groups.append(DecodeGroup(g, tables, paged_mask(self.positions[g.start:g.stop, None], width * bs)))
+            at += len(g) * width
         self._chunks = []
         for r, t in zip(rows[self.n_decode:], chunk_tables):
             self._chunks.append(PrefillChunk(r.start, r.n, index[at:at + len(t)]))
@@ -217,7 +218,7 @@ class PackedBatch:
             pool.index_copy_(0, self._write, new[0].transpose(0, 1))
         out = []
         for g in self._groups:
-            qd = q[0, :, g.first:g.end].transpose(0, 1)[:, :, None]                  # [rows, n_head, 1, head_dim]
+            qd = q[0, :, g.rows.start:g.rows.stop].transpose(0, 1)[:, :, None]      # [rows, n_head, 1, head_dim]
             kd, vd = gather_blocks(k_pool, g.tables, bs), gather_blocks(v_pool, g.tables, bs)
             out.append(attention(qd, kd, vd, impl=impl, mask=g.mask)[:, :, 0].transpose(0, 1))
         offset = self.n_decode
