@@ -281,9 +281,7 @@ def quantize_(model: nn.Module) -> nn.Module:
     third of gpt2-small's weights at 4 bytes, while quantizing a separate copy of it for the
     output layer would store the table twice. A shared int8 table is what both uses then read.
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"quantize_ takes an nn.Module (the model), got {describe(model)}")
-    if is_quantized(model):
+    if is_quantized(model):                  # which also refuses what is no nn.Module, by name
         raise ValueError("the model already holds int8 layers; quantizing twice would lose precision twice. "
                          "Quantize a fresh float copy, e.g. quantize_(copy.deepcopy(float_model))")
     linears = [(parent, name, child) for parent in model.modules()

@@ -63,15 +63,20 @@ class BlockManager:
         limit = n_blocks if limit_blocks is None else check_count("limit_blocks", limit_blocks, 0)
         self.n_blocks, self.block_size, self.limit_blocks = n_blocks, block_size, limit
         self.prefix_caching = check_flag("prefix_caching", prefix_caching) and limit > 0   # nothing kept: nothing keyed
-        # Block records exist for ids below high_water only (a block gets one when it is first handed out), so a
-        # large pool costs nothing until the load needs it. The other three are indexes over those records.
+        # Block records exist for ids below high_water only (a block gets one when it is first handed out, so
+        # high_water is their count), and a large pool costs nothing until the load needs it. The other three are
+        # indexes over those records.
         self._blocks: list[Block] = []
         self._by_key: dict[bytes, int] = {}                    # prefix-cache key -> the block holding it
         self._free: deque[int] = deque()                       # plain free blocks
         self._cached: OrderedDict[int, None] = OrderedDict()   # free and keyed, least recently used first
-        self.high_water = 0        # ids below this have been handed out at least once
         self.used = 0              # blocks with a reference count above zero
         self.evictions = 0
+
+    @property
+    def high_water(self) -> int:
+        """Ids below this have been handed out at least once (and have a Block record)."""
+        return len(self._blocks)
 
     @property
     def cached(self) -> int:
@@ -189,7 +194,7 @@ class BlockManager:
             block = self._free.popleft()
         elif self.high_water < self.n_blocks and (self.used + len(self._cached) < self.limit_blocks
                                                   or not self._cached):
-            block, self.high_water = self.high_water, self.high_water + 1
+            block = self.high_water
             self._blocks.append(Block(block))
         elif self._cached:
             block = self._evict()

@@ -250,7 +250,8 @@ class OpenAIClient:
     def _stream(self, req: Request, start: float) -> StreamResult:
         """Send one request and read its event stream; `start` is its arrival on the perf_counter clock."""
         res = StreamResult(req.id, len(req.prompt_ids), req.max_new_tokens, req.arrival_s)
-        sampling = {k: v for k, v in dataclasses.asdict(req.sampling).items() if v is not None}   # top_k and seed: vLLM's extras
+        # top_k and seed: vLLM's extras
+        sampling = {k: v for k, v in dataclasses.asdict(req.sampling).items() if v is not None}
         body = {"model": self.model, "prompt": list(req.prompt_ids), "max_tokens": req.max_new_tokens,
                 "stream": True, **sampling, **self.extra_body}
         conn = self._connection()

@@ -8,7 +8,7 @@ from typing import Callable, NamedTuple
 from labutils.core.validate import check_choice, check_count, check_flag
 from labutils.serving.blocks import BlockManager
 from labutils.serving.sequence import Sequence
-from labutils.serving.workload import RequestResult, Span
+from labutils.serving.workload import PromptKV, RequestResult, Span
 
 BATCHING = ("continuous", "static")   # continuous (Orca, vLLM) or static batching
 # vLLM's default token budget for an online server (its API server's max_num_batched_tokens with chunked prefill).
@@ -105,7 +105,7 @@ class Scheduler:
         return plan
 
     def postprocess(self, plan: list[Feed], tokens: dict[Sequence, int], now: float,
-                    export: Callable[[Sequence], tuple] | None = None) -> list[RequestResult]:
+                    export: Callable[[Sequence], PromptKV] | None = None) -> list[RequestResult]:
         """After the step's forward: each fed request's position moves on and its newly full blocks get their
         prefix-cache keys; `tokens` (the runner's next token per request) are appended at `now`; the requests that
         are done leave the batch. Returns their results. `export(seq)` reads a finished request's keys and values
