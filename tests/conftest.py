@@ -1,5 +1,7 @@
 """Shared test settings."""
+import atexit
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -40,6 +42,7 @@ def pytest_terminal_summary(terminalreporter):
 # never writes the learner's ~/.cache/prefill-decode-lab/peaks.json and every run starts from a fresh file.
 if "LABUTILS_CACHE_DIR" not in os.environ:
     os.environ["LABUTILS_CACHE_DIR"] = tempfile.mkdtemp(prefix="labutils-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["LABUTILS_CACHE_DIR"], ignore_errors=True)
 
 
 def _claims_summary(terminalreporter):

@@ -117,6 +117,7 @@ def jupyter_lab(root_dir: Path, timeout_s: float = 90):
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+    shutil.rmtree(state, ignore_errors=True)      # only after a clean run: a failure's message names its server.log
 
 
 def shut_down_kernels(url: str, token: str) -> None:

@@ -170,13 +170,19 @@ def on_vllm(model, budgets=(64, 2048), *, n_streams: int = 8, stream_prompt: int
     from pathlib import Path
 
     from labutils.model.checkpoints import save_hf_gpt2
+
+    ctx = model.config.context_length
+    shape = dict(n_streams=n_streams, stream_prompt=stream_prompt, stream_tokens=stream_tokens,
+                 long_prompt=check_count("long_prompt", long_prompt, 1, ctx - 2), seed=seed)
+    with tempfile.TemporaryDirectory(prefix="lab-vllm-") as tmp:      # ~100 MB of weights: never left behind
+        return _on_vllm(model, save_hf_gpt2(model, Path(tmp) / "model"), budgets, shape, settle_tokens, progress_desc)
+
+
+def _on_vllm(model, folder, budgets, shape, settle_tokens, progress_desc) -> list[ServerRun]:
     from labutils.serving.openai_client import OpenAIClient
     from labutils.serving.vllm_server import VLLMServer
 
-    ctx, vocab = model.config.context_length, model.config.vocab_size
-    shape = dict(n_streams=n_streams, stream_prompt=stream_prompt, stream_tokens=stream_tokens,
-                 long_prompt=check_count("long_prompt", long_prompt, 1, ctx - 2), seed=seed)
-    folder = save_hf_gpt2(model, Path(tempfile.mkdtemp(prefix="lab-vllm-")) / "model")
+    ctx, vocab, n_streams = model.config.context_length, model.config.vocab_size, shape["n_streams"]
     bar = Steps(len(budgets) if progress_desc else 0, progress_desc)
     out = []
     for budget in budgets:
