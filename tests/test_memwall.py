@@ -31,10 +31,26 @@ def test_roofline_point_counts_the_pass_it_timed(phase, n):
 
 def test_time_pass_refuses_what_it_cannot_time():
     model = measure.get_model("tiny", "fp32", "cpu")
-    with pytest.raises(ValueError, match=r"unknown phase 'train'; choose one of \['prefill', 'decode'\]"):
+    with pytest.raises(ValueError, match=r"unknown phase 'train'; choose one of \['prefill', 'decode', 'verify'\]"):
         measure.time_pass(model, "train", 4)
     with pytest.raises(ValueError, match="context length 256"):
         measure.time_pass(model, "decode", 2, pos=256)
+
+
+@pytest.mark.parametrize("phase,n,want", [("prefill", 5, ((1, 5), 0, True)), ("decode", 3, ((3, 1), 16, True)),
+                                          ("verify", 5, ((1, 5), 16, False))])
+def test_time_pass_times_the_pass_its_phase_names(phase, n, want, monkeypatch):
+    """A verify pass (lesson 10) is one sequence of n tokens after pos cached ones, with logits at every token."""
+    model, seen = measure.get_model("tiny", "fp32", "cpu"), []
+    forward = type(model).forward
+
+    def spy(self, ids, cache=None, **kw):
+        seen.append((tuple(ids.shape), cache.pos, kw["last_only"]))
+        return forward(self, ids, cache, **kw)
+
+    monkeypatch.setattr(type(model), "forward", spy)
+    assert measure.time_pass(model, phase, n, pos=16, repeats=2) > 0
+    assert seen == [want] * 3                                     # one warm-up and two timed passes
 
 
 def test_predicted_decode_grows_with_batch_then_flattens_past_the_knee():

@@ -326,18 +326,22 @@ def _request_row(preset, cfg, prompt_len: int, new_tokens: int, batch: int, dtyp
 
 # ---- one pass at a time, for the roofline (lesson 07) ------------------------------------------------------------
 
+PASS_PHASES = ("prefill", "decode", "verify")
+
+
 def time_pass(model: GPT, phase: str, n: int, *, pos: int = 128, repeats: int = 5) -> float:
-    """Median seconds of one forward pass: phase "prefill" (a prompt of n tokens, batch 1) or "decode"
-    (one step for a batch of n sequences, each with `pos` cached positions).
+    """Median seconds of one forward pass: phase "prefill" (a prompt of n tokens, batch 1), "decode" (one step for a
+    batch of n sequences, each with `pos` cached positions) or "verify" (n new tokens of one sequence after `pos`
+    cached ones, with logits at every one of them: speculative decoding's check of n - 1 proposals, lesson 10).
 
     A decode step reads a zeroed cache of the right size: the bytes and FLOPs are those of real keys
     and values (zeros neither speed up nor slow down a CPU or GPU matmul noticeably), and nothing has to be
     prefilled first, which at batch 64 would cost more than the step itself.
     """
     device = model_device(model)                  # a name or a number in the model's place is refused here, by name
-    check_choice("phase", phase, ("prefill", "decode"))
+    check_choice("phase", phase, PASS_PHASES)
     n, pos, repeats = check_count("n", n, 1), check_count("pos", pos, 0), check_count("repeats", repeats, 1)
-    batch, T = (1, n) if phase == "prefill" else (n, 1)
+    batch, T = (n, 1) if phase == "decode" else (1, n)
     start = 0 if phase == "prefill" else pos
     if start + T > model.config.context_length:
         raise ValueError(f"{start + T} positions exceed the model's context length {model.config.context_length}")
@@ -349,7 +353,7 @@ def time_pass(model: GPT, phase: str, n: int, *, pos: int = 128, repeats: int = 
 
     def one_pass():
         cache.pos = start
-        model(ids, cache, check=False, last_only=True)
+        model(ids, cache, check=False, last_only=phase != "verify")
 
     with torch.inference_mode():
         return time_fn(_without_launches(one_pass, device), device=device, warmup=1, repeats=repeats).median_s
@@ -425,6 +429,6 @@ def roofline_point(preset: str, phase: str, n: int, dtype: str = "fp32", device=
                 tokens_per_s=n / seconds)          # n prompt tokens, or one new token for each of n sequences
 
 
-__all__ = ["roofline_point", "time_pass", "available_devices", "check_preset_request", "clear_models",
+__all__ = ["PASS_PHASES", "roofline_point", "time_pass", "available_devices", "check_preset_request", "clear_models",
            "default_dtype_name", "dtype_choices", "fixed_pass_s", "floor_sets_time", "free_bytes", "get_model",
            "measure_request", "measure_requests", "memory_needed", "model_config", "preset_choices", "skeleton_config"]
