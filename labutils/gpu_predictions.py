@@ -133,6 +133,20 @@ def rows() -> list[tuple[str, str, str, str]]:
                 f"a step holding a {chat + 36:,}-token prefill ({off * 1e3:.1f} ms) against one holding only its "
                 f"question ({hit * 1e3:.2f} ms): the median request is not queued at 20 requests/s",
                 f"{hit / (off + hit):.2f}x at the floors"))
+    m10 = _shape(128 + 512)                                   # lesson 10: verify passes of up to 512 tokens
+
+    def verify(n):                                            # one sequence: the weights and its cache read once
+        return max(roofline.decode_bytes(m10, 128, 1, BF16) / bw, roofline.decode_flops(m10, 128, n) / flops)
+    out.append(("10", "one verify pass over 16 tokens costs at most a quarter of 16 one-token passes",
+                f"{m10}: {roofline.decode_bytes(m10, 128, 1, BF16) / 1e9:.1f} GB read ({verify(1) * 1e3:.2f} ms) "
+                f"against 16 x {roofline.decode_flops(m10, 128) / 1e9:.1f} GFLOP "
+                f"({roofline.decode_flops(m10, 128, 16) / flops * 1e3:.2f} ms)", f"{verify(16) / verify(1):.2f}x"))
+    out.append(("10", "past the ridge point 512 tokens cost at least twice what 64 do",
+                f"{roofline.decode_flops(m10, 128, 512) / 1e12:.1f} TFLOP ({verify(512) * 1e3:.1f} ms) against the "
+                f"read ({verify(64) * 1e3:.2f} ms)", f"{verify(512) / verify(64):.1f}x at the floors"))
+    out.append(("10", "speculation pays more at batch 1 than at batch 128 (k = 3)",
+                "a verify pass of B x 4 tokens in passes of B tokens, at the floors, for B = 1 and 128",
+                f"{verify(4) / verify(1):.2f} against {verify(512) / verify(128):.2f} decode steps"))
     m11 = _shape(LONG_PROMPT_MOST + 64, 9)                    # lesson 11 section 2: 8 streams and one long prompt
     long = long_prompt_tokens(get_shape(m11))                 # the lesson's rule: 3,072 on a 4,096 context
     whole = roofline.prefill_floor_s(m11, long, peak_flops=flops)
@@ -154,6 +168,19 @@ def rows() -> list[tuple[str, str, str, str]]:
                 f"a step of 32 tokens at its floor, {step32 * 1e3:.2f} ms, against one holding a 768-token prefill "
                 f"({roofline.prefill_flops(m11, 768) / 1e12:.1f} TFLOP, {sweep * 1e3:.1f} ms)",
                 f"{step32 / (sweep + step8):.2f}x at the floors, for the p99 gap that holds such a prefill"))
+    m11s = _shape(768 + 64, 8)                                # lesson 11 section 5: section 3's shape, simulated
+    decode16 = roofline.decode_step_s(m11s, 512, 16, BF16, bandwidth_Bps=bw, peak_flops=flops)
+    stalled = roofline.prefill_floor_s(m11s, 640, peak_flops=flops) + decode16
+    out.append(("11", "section 5: with long prompts the decode worker keeps TPOT below the mixed engines' (at most 0.9x)",
+                f"{m11s}: the decode worker's step of 16 streams, {decode16 * 1e3:.2f} ms, against a mixed step that "
+                f"also holds a 640-token prefill, {stalled * 1e3:.1f} ms", f"{decode16 / stalled:.2f}x for a step "
+                "that holds a prefill; the mean over a stream's steps depends on how many prefills land among them"))
+    prefills = 24 * roofline.decode_step_s(m11s, 40, 1, BF16, bandwidth_Bps=bw, peak_flops=flops)   # 16-64 tokens
+    steps = 24 * 160 / 16 * roofline.decode_step_s(m11s, 200, 16, BF16, bandwidth_Bps=bw, peak_flops=flops)
+    out.append(("11", "section 5, long answers: the decode worker steps nearly all the run (at least 90%), the prefill "
+                "worker at most 25%", f"24 prompts of 16-64 tokens, each a read of the weights, {prefills * 1e3:.0f} ms,"
+                f" against 24 x 160 new tokens in steps of 16 streams, {steps * 1e3:.0f} ms",
+                f"the prefill worker {prefills / (prefills + steps):.0%} of the decode worker's time, at the floors"))
     return out
 
 

@@ -25,6 +25,7 @@ def test_each_lesson_row_uses_the_shape_that_lesson_gets_on_the_h200(monkeypatch
         lesson_07 = shape_for("cuda", "gpt2-small", cache_tokens=512 + 128, batch=64)
         lesson_06 = shape_for("cuda", "tiny", cache_tokens=4096)
         lesson_09 = shape_for("cuda", "tiny", cache_tokens=128 + 1, batch=64)
+        lesson_10 = shape_for("cuda", "gpt2-small", cache_tokens=128 + 512)
         lesson_11 = shape_for("cuda", GPTConfig(vocab_size=4096, context_length=1024, n_layer=8, n_head=8, n_embd=512),
                               cache_tokens=3072 + 64, batch=9)
     rows = gpu_predictions.rows()
@@ -33,5 +34,6 @@ def test_each_lesson_row_uses_the_shape_that_lesson_gets_on_the_h200(monkeypatch
                if lesson == "07" and "llama" in arithmetic)
     assert all(lesson_06.preset in arithmetic for lesson, _, arithmetic, _ in rows if lesson == "06" and "TFLOP" in arithmetic)
     assert any(lesson == "09" and arithmetic.startswith(f"{lesson_09.preset}:") for lesson, _, arithmetic, _ in rows)
+    assert any(lesson == "10" and arithmetic.startswith(f"{lesson_10.preset}:") for lesson, _, arithmetic, _ in rows)
     assert any(lesson == "11" and arithmetic.startswith(f"{lesson_11.preset}:") for lesson, _, arithmetic, _ in rows)
-    assert {lesson for lesson, *_ in rows} == {"05", "06", "07", "08", "09", "11"}
+    assert {lesson for lesson, *_ in rows} == {"05", "06", "07", "08", "09", "10", "11"}
