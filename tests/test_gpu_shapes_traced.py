@@ -36,13 +36,17 @@ shape_choice.LADDERS = (("llama-toy", "llama-toy-2"),)
 
 
 # A lesson, and the parts of it that ask shape_for: (first heading, heading it ends before), None for the start or the
-# end. Lesson 09's sections 2 to 4 serve the trained tiny model on any device, and later ones ask a real vLLM server:
-# only section 1 (decode against batch) and section 5 (prefix caching) ask shape_for. Lesson 11's sections 2 and 3 do
-# (the stall and the budget sweep), and section 5 simulates disaggregation on section 3's shape; section 4 reads their
-# results, and section 6 asks vLLM. Lesson 10's trained
-# draft and target run on any device; its verify passes at the size a GPU needs ask shape_for.
+# end. Lesson 08's aside on graph readiness runs dynamo, which does not trace under the emulation's modes (a real GPU
+# runs it in make gpu-check); the rest of the lesson, its ladder at the GPU shape included, runs here. Lesson 09's
+# sections 2 to 4 serve the trained tiny model on any device, and section 6 on asks a real vLLM server: section 1
+# (decode against batch) and section 5 (prefix caching) ask shape_for. Lesson 10's trained draft and target run on
+# any device; its verify passes at the size a GPU needs ask shape_for. Lesson 11's sections 2 and 3 ask it (the
+# stall and the budget sweep), and section 5 simulates disaggregation on section 3's shape; section 4 reads their
+# results, and section 6 asks vLLM.
 LESSONS = [("05_prefill_decode.ipynb", [(None, None)]), ("06_kv_cache.ipynb", [(None, None)]),
-           ("07_memory_wall.ipynb", [(None, None)]), ("09_serving.ipynb", [(None, "## 2."), ("## 5.", "## 6.")]),
+           ("07_memory_wall.ipynb", [(None, None)]),
+           ("08_fast_decode.ipynb", [(None, "## Aside: is the step"), ("## Aside: a CPU lever", "## Checkpoint")]),
+           ("09_serving.ipynb", [(None, "## 2."), ("## 5.", "## 6.")]),
            ("10_speculative_decoding.ipynb", [(None, "## 1."), ("### The same passes", "### Aside")]),
            ("11_two_phases.ipynb", [(None, "## 4."), ("## 5.", "## 6.")])]
 
