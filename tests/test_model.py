@@ -320,3 +320,24 @@ def test_llama_style_checkpoint_round_trip(tmp_path):
     assert loaded.config == LLAMA_SMALL
     with torch.no_grad():
         assert torch.equal(loaded(ids), model(ids))
+
+
+def _top_level_ops(model, cache, ids) -> list[str]:
+    with torch.inference_mode(), torch.profiler.profile() as prof:
+        model(ids, cache, check=False, last_only=True)
+    return [e.name for e in prof.events() if e.cpu_parent is None]
+
+
+def test_a_llama_layer_runs_few_ops_and_rope_angles_once_a_forward():
+    """On a GPU each op a layer runs from Python is a kernel launch (lesson 08), and an eager Llama-2-7B step runs 32
+    layers of them: RoPE's angles made in every layer, RMSNorm as five ops and q and k turned apart took a layer from
+    45 ops to 79. The ops a layer adds are counted as the difference between a 4-layer and a 2-layer model."""
+    counts = {}
+    for layers in (2, 4):
+        cfg = dataclasses.replace(LLAMA_SMALL, n_layer=layers)
+        model, cache = GPT(cfg).eval(), KVCache(cfg, 2, 16)
+        ops = _top_level_ops(model, cache, torch.zeros(2, 3, dtype=torch.long))
+        counts[layers] = len(ops)
+        assert ops.count("aten::cos") == 1 and ops.count("aten::sin") == 1      # the angles: once, for every layer
+        assert ops.count("aten::rms_norm") == 2 * layers + 1                    # one op a norm
+    assert (counts[4] - counts[2]) / 2 <= 48

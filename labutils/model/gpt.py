@@ -100,7 +100,8 @@ class RMSNorm(nn.Module):
         self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.weight
+        # x * rsqrt(mean(x^2) + eps) * weight, as one op: five from Python cost a GPU five launches (lesson 08)
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
 def make_norm(cfg: GPTConfig) -> nn.Module:
@@ -149,19 +150,20 @@ class CausalSelfAttention(nn.Module):
         self.rope = cfg.rope
         self.layer_idx = 0   # set by GPT: which slot of the KV cache this layer owns
 
-    def forward(self, x: torch.Tensor, cache=None, pos: torch.Tensor | None = None) -> torch.Tensor:
-        """pos: the positions of x's tokens (GPT.forward passes them); only RoPE reads them."""
+    def forward(self, x: torch.Tensor, cache=None, rot: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """rot: RoPE's (cos, sin) for x's tokens, from rope_angles; GPT.forward makes them once for every layer."""
         B, T, C = x.shape
         q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
-        q, k, v = self.qkv(x).split([q_dim, kv_dim, kv_dim], dim=-1)
-        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        qk, v = self.qkv(x).split([q_dim + kv_dim, kv_dim], dim=-1)
+        qk = qk.view(B, T, self.n_head + self.n_kv_head, self.head_dim)         # q's heads, then k's
         if self.rope:
-            # Rotate before caching: a cached key keeps the rotation of the position it was written at.
-            pos = torch.arange(T, device=x.device) if pos is None else pos
-            cos, sin = rope_angles(pos, self.head_dim, q.dtype)          # once for q and k
-            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            # Rotate before caching: a cached key keeps the rotation of the position it was written at. q and k
+            # turn together, in one rotate: each op a layer runs is a launch on a GPU.
+            cos, sin = rot if rot is not None else rope_angles(torch.arange(T, device=x.device), self.head_dim,
+                                                               x.dtype)
+            qk = rotate(qk, cos.transpose(1, 2), sin.transpose(1, 2))           # heads sit in dim 2 here
+        q, k = qk.transpose(1, 2).split([self.n_head, self.n_kv_head], dim=1)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         if cache is None:
             y = attention(q, k, v, impl=self.impl)                      # causal over this forward's tokens
         else:
@@ -194,8 +196,8 @@ class Block(nn.Module):
         self.ln_2 = make_norm(cfg)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cache=None, pos=None):
-        x = x + self.attn(self.ln_1(x), cache, pos)
+    def forward(self, x, cache=None, rot=None):
+        x = x + self.attn(self.ln_1(x), cache, rot)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -315,8 +317,9 @@ class GPT(nn.Module):
         x = self.tok_emb(ids)
         if self.pos_emb is not None:
             x = x + self.pos_emb(pos)
+        rot = rope_angles(pos, self.config.head_dim, x.dtype) if self.config.rope else None   # once, for every layer
         for block in self.blocks:
-            x = block(x, cache, pos)
+            x = block(x, cache, rot)
         if cache is not None:
             cache.advance(T)
         if last_only:
