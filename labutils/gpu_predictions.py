@@ -22,6 +22,39 @@ H200 = Peaks(bandwidth_Bps=4158.7e9, flops=775.8e12, device_name="NVIDIA H200", 
              source="measured by lesson 00 on the H200 run of 2026-12-04 (docs/gpu/h200-2026-12-04)")
 H200_FREE_BYTES = 139e9
 BF16 = torch.bfloat16
+# Lesson 10's eager one-token pass of the tiny model on the H200 run (docs/gpu/h200-2026-12-04): a pass that small is
+# all host, so its time over its op count is what the host spends on each op it queues (Python, dispatch, launch).
+H200_TINY_EAGER_PASS_S = 1.53e-3
+
+
+def _ops(run) -> int:
+    """How many ops `run()` queues from Python (top-level aten calls): on a GPU, each is at least one launch."""
+    with torch.inference_mode(), torch.profiler.profile() as prof:
+        run()
+    return sum(1 for e in prof.events() if e.cpu_parent is None)
+
+
+def eager_host_s() -> tuple[float, int, int]:
+    """(host seconds of one engine decode step of 8 streams on Llama-2-7B, its ops, the tiny pass's ops), from the
+    H200 run's tiny eager pass and op counts taken here: Llama-2-7B's skeleton runs the same ops as the model."""
+    from labutils.decode.kvcache import KVCache
+    from labutils.measure.request import skeleton_config
+    from labutils.model.build import build
+    from labutils.model.gpt import GPTConfig
+    from labutils.serving.engine import Engine
+    tiny = build(GPTConfig.preset("tiny"))
+    cache = KVCache(tiny.config, 1, 129)
+    ids = torch.zeros(1, 129, dtype=torch.long)
+    with torch.inference_mode():
+        tiny(ids[:, :128], cache)
+    tiny_ops = _ops(lambda: tiny(ids[:, 128:], cache, check=False))
+    engine = Engine(build(skeleton_config(GPTConfig.preset("llama-2-7b"))), 8)
+    for i in range(8):
+        engine.submit(list(range(1, 17 + i)), 8)
+    engine.step()                                             # the prompts; then decode steps only
+    engine.step()
+    step_ops = _ops(engine.step)
+    return H200_TINY_EAGER_PASS_S / tiny_ops * step_ops, step_ops, tiny_ops
 
 
 def _shape(cache_tokens: int, batch: int = 1) -> str:
@@ -119,6 +152,17 @@ def rows() -> list[tuple[str, str, str, str]]:
     out.append(("09", "a step costs about its byte floor plus the skeleton's step (CPU only)",
                 "on a GPU a large kernel hides its own start-up cost behind its bytes, so the two overlap",
                 "not expected: the claim says so"))
+    host, step_ops, tiny_ops = eager_host_s()
+    floor7 = roofline.decode_floor_s("llama-2-7b", 64, 8, BF16, bandwidth_Bps=bw)
+    out.append(("09, 11", "the serving engine's eager step (09 section 5, 11 sections 2, 3 and 5)",
+                f"llama-2-7b: {step_ops:,} ops a decode step of 8 streams x {H200_TINY_EAGER_PASS_S / tiny_ops * 1e6:.1f}"
+                f" us (the H200 run's eager tiny pass: {H200_TINY_EAGER_PASS_S * 1e3:.2f} ms for {tiny_ops} ops)",
+                f"{host * 1e3:.0f} ms of host a step, {host / floor7:.0f}x the {floor7 * 1e3:.2f} ms read: the engine's "
+                "steps are set by the host; each serving claim below also gives its ratio with every step at least that long"))
+
+    def eager(t):                                             # a step: the host queues it while the GPU runs it
+        return max(host, t)
+
     m9p = _shape(LONG_PROMPT_MOST + 32, 4)                    # lesson 09 section 5: a long system prompt, then a hit
     system = long_prompt_tokens(get_shape(m9p))
     miss = roofline.prefill_floor_s(m9p, system + 12, peak_flops=flops)
@@ -126,13 +170,13 @@ def rows() -> list[tuple[str, str, str, str]]:
     out.append(("09", "with caching on, the second request's TTFT is a small fraction of the first's (at most 0.25)",
                 f"{m9p}: a {system + 12:,}-token prefill, {roofline.prefill_flops(m9p, system + 12) / 1e12:.0f} TFLOP, "
                 f"against one forward of its 12-token question over the cached {system:,}, {hit * 1e3:.2f} ms",
-                f"{hit / miss:.2f}x at the floors"))
+                f"{hit / miss:.2f}x at the floors; {eager(hit) / eager(miss):.2f}x with the eager engine"))
     chat = 2 * system // 3
     off = roofline.prefill_floor_s(m9p, chat + 36, peak_flops=flops)      # the workload's mean question: 36 tokens
     out.append(("09", "over the workload, prefix caching cuts the median TTFT (at most 0.5x)",
                 f"a step holding a {chat + 36:,}-token prefill ({off * 1e3:.1f} ms) against one holding only its "
                 f"question ({hit * 1e3:.2f} ms): the median request is not queued at 20 requests/s",
-                f"{hit / (off + hit):.2f}x at the floors"))
+                f"{hit / (off + hit):.2f}x at the floors; {eager(hit) / eager(off + hit):.2f}x with the eager engine"))
     m10 = _shape(128 + 512)                                   # lesson 10: verify passes of up to 512 tokens
 
     def verify(n):                                            # one sequence: the weights and its cache read once
@@ -155,26 +199,31 @@ def rows() -> list[tuple[str, str, str, str]]:
     out.append(("11", "a whole prefill makes the streams' p99 ITL spike far above their median (at least 5x)",
                 f"{m11}: a {long:,}-token prefill, {roofline.prefill_flops(m11, long) / 1e12:.0f} TFLOP / "
                 f"{flops / 1e12:.0f} TFLOP/s, against a step of 8 streams, {step8 * 1e3:.2f} ms (its weights' read)",
-                f"{(whole + step8) / step8:.0f}x at the floors (8 of the 376 gaps hold the stall: p99 is one)"))
+                f"{(whole + step8) / step8:.0f}x at the floors (8 of the 376 gaps hold the stall: p99 is one); "
+                f"{eager(whole + step8) / eager(step8):.1f}x with the eager engine"))
     out.append(("11", "chunked prefill cuts that p99 ITL at least in half (budget 64)",
                 f"a step of 64 tokens (8 decode + 56 prompt) at its floor, {chunk * 1e3:.2f} ms, against the stall",
-                f"{chunk / (whole + step8):.2f}x at the floors"))
+                f"{chunk / (whole + step8):.2f}x at the floors; {eager(chunk) / eager(whole + step8):.2f}x with the eager "
+                "engine"))
     out.append(("11", "the price: the long prompt's TTFT grows (chunked / whole, at least 1x)",
                 f"{-(-long // 56)} steps of {chunk * 1e3:.2f} ms against one of {(whole + step8) * 1e3:.0f} ms",
-                f"{-(-long // 56) * chunk / (whole + step8):.1f}x at the floors"))
+                f"{-(-long // 56) * chunk / (whole + step8):.1f}x at the floors; "
+                f"{-(-long // 56) * eager(chunk) / eager(whole + step8):.1f}x with the eager engine"))
     sweep = roofline.prefill_floor_s(m11, 768, peak_flops=flops)
     step32 = roofline.decode_step_s(m11, 64, 32, BF16, bandwidth_Bps=bw, peak_flops=flops)
     out.append(("11", "section 3: the smallest budget keeps p99 ITL well below whole prefills' (at most 0.5x)",
                 f"a step of 32 tokens at its floor, {step32 * 1e3:.2f} ms, against one holding a 768-token prefill "
                 f"({roofline.prefill_flops(m11, 768) / 1e12:.1f} TFLOP, {sweep * 1e3:.1f} ms)",
-                f"{step32 / (sweep + step8):.2f}x at the floors, for the p99 gap that holds such a prefill"))
+                f"{step32 / (sweep + step8):.2f}x at the floors, for the p99 gap that holds such a prefill; "
+                f"{eager(step32) / eager(sweep + step8):.2f}x with the eager engine"))
     m11s = _shape(768 + 64, 8)                                # lesson 11 section 5: section 3's shape, simulated
     decode16 = roofline.decode_step_s(m11s, 512, 16, BF16, bandwidth_Bps=bw, peak_flops=flops)
     stalled = roofline.prefill_floor_s(m11s, 640, peak_flops=flops) + decode16
     out.append(("11", "section 5: with long prompts the decode worker keeps TPOT below the mixed engines' (at most 0.9x)",
                 f"{m11s}: the decode worker's step of 16 streams, {decode16 * 1e3:.2f} ms, against a mixed step that "
                 f"also holds a 640-token prefill, {stalled * 1e3:.1f} ms", f"{decode16 / stalled:.2f}x for a step "
-                "that holds a prefill; the mean over a stream's steps depends on how many prefills land among them"))
+                "that holds a prefill; the mean over a stream's steps depends on how many prefills land among them; "
+                f"{eager(decode16) / eager(stalled):.2f}x with the eager engine"))
     prefills = 24 * roofline.decode_step_s(m11s, 40, 1, BF16, bandwidth_Bps=bw, peak_flops=flops)   # 16-64 tokens
     steps = 24 * 160 / 16 * roofline.decode_step_s(m11s, 200, 16, BF16, bandwidth_Bps=bw, peak_flops=flops)
     out.append(("11", "section 5, long answers: the decode worker steps nearly all the run (at least 90%), the prefill "

@@ -38,6 +38,10 @@ class Engine:
     still serves every request: the pool always holds one such request, beyond the limit. A limit of 0 caches
     nothing.
 
+    cuda_graphs: on a GPU a step whose every request decodes one token replays as a CUDA graph (serving.decode_graphs,
+    as vLLM and nano-vllm capture decode steps), so its time is the kernels', not Python's. None (the default) uses
+    them where the device has them; False runs every step eager.
+
     For a simulation of two machines in one process (serving.disagg): `clock` replaces the real clock
     (a function returning seconds since the workload started), `export_kv=True` makes each result carry
     its prompt's keys and values, and submit_prefilled() queues a request whose prompt another engine
@@ -47,7 +51,7 @@ class Engine:
     def __init__(self, model, max_batch_size: int, *, block_size: int = 16, prefix_caching: bool = True,
                  kv_limit_bytes: int | None = None, batching: str = "continuous",
                  max_num_batched_tokens: int | None = None, chunked_prefill: bool = True, clock=None,
-                 export_kv: bool = False):
+                 export_kv: bool = False, cuda_graphs: bool | None = None):
         self.config = check_model("model", model).config
         ctx = self.config.context_length
         max_batch_size = check_count("max_batch_size", max_batch_size, 1)
@@ -66,7 +70,7 @@ class Engine:
         self.blocks = BlockManager(n_blocks, block_size, prefix_caching=prefix_caching, limit_blocks=limit)
         self.scheduler = Scheduler(self.blocks, max_batch_size, max_num_batched_tokens, context_length=ctx,
                                    chunked_prefill=chunked_prefill, batching=batching)
-        self.runner = ModelRunner(model, block_size, n_blocks)
+        self.runner = ModelRunner(model, block_size, n_blocks, cuda_graphs=cuda_graphs)
         self.finished: list[RequestResult] = []     # results of the current (or last) workload
         self.timeline: list[dict] = []              # one row per step: time, batch, queue, blocks
         self.wall_s = 0.0                           # the last workload's duration: start to the end of its last step

@@ -5,6 +5,7 @@ import torch
 
 from labutils.core.validate import model_device, model_dtype
 from labutils.decode.sampling import check_logits, sample
+from labutils.serving.decode_graphs import DecodeGraphs, graphs_unavailable
 from labutils.serving.paged_cache import PagedKVCache, Row
 from labutils.serving.scheduler import Feed
 from labutils.serving.sequence import Sequence
@@ -20,11 +21,16 @@ class ModelRunner:
     (temperature > 0) draws from its own seeded generator through generate()'s sampler, so its seed reproduces it.
     """
 
-    def __init__(self, model, block_size: int, n_blocks: int):
+    def __init__(self, model, block_size: int, n_blocks: int, *, cuda_graphs: bool | None = None):
         self.model, self.config = model, model.config
         self.device, self.dtype = model_device(model), model_dtype(model)
         self.cache = PagedKVCache(self.config, block_size, n_blocks, self.device, self.dtype)
         self.token_rows = 0                          # token rows the model computed, over every forward
+        # Steps whose every row decodes one token replay as CUDA graphs where the device has them (decode_graphs).
+        why_not = graphs_unavailable(self.device)
+        if cuda_graphs and why_not:
+            raise ValueError(f"cuda_graphs=True, but {why_not}; leave it None (graphs where the device has them)")
+        self.graphs = DecodeGraphs(model, self.cache) if cuda_graphs is not False and not why_not else None
 
     def run(self, plan: list[Feed], high_water: int) -> dict[Sequence, int]:
         """One packed forward over `plan`; {request: its next token} for every request fed its last token, read back
@@ -48,6 +54,11 @@ class ModelRunner:
             if n == seq.remaining:                               # its last token: the next token comes from it
                 ends.append(len(flat) - 1)
                 sampled.append(seq)
+        if self.graphs is not None and len(flat) == len(plan):  # one token a row: a decode step, graphed
+            logits = self.graphs.run(flat, [seq.n_computed for seq, _ in plan], [seq.table for seq, _ in plan])
+            if logits is not None:
+                self.token_rows += len(flat)
+                return sampled, self.sample(sampled, logits[ends])
         view = self.cache.batch([Row(seq.table, seq.n_computed, n) for seq, n in plan])
         ids = torch.tensor(flat, device=self.device)[None]
         logits = self.model(ids, view, check=False, logits_at=torch.tensor(ends, dtype=torch.long, device=self.device))
