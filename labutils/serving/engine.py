@@ -38,9 +38,9 @@ class Engine:
     still serves every request: the pool always holds one such request, beyond the limit. A limit of 0 caches
     nothing.
 
-    cuda_graphs: on a GPU a step whose every request decodes one token replays as a CUDA graph (serving.decode_graphs,
-    as vLLM and nano-vllm capture decode steps), so its time is the kernels', not Python's. None (the default) uses
-    them where the device has them; False runs every step eager.
+    cuda_graphs: on a GPU a step of decode rows and at most one short prefill chunk replays as a CUDA graph
+    (serving.step_graphs, as vLLM and nano-vllm replay decode steps), so its time is the kernels', not Python's. None
+    (the default) uses them where the device has them; False runs every step eager.
 
     For a simulation of two machines in one process (serving.disagg): `clock` replaces the real clock
     (a function returning seconds since the workload started), `export_kv=True` makes each result carry

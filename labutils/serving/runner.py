@@ -5,7 +5,7 @@ import torch
 
 from labutils.core.validate import model_device, model_dtype
 from labutils.decode.sampling import check_logits, sample
-from labutils.serving.decode_graphs import DecodeGraphs, graphs_unavailable
+from labutils.serving.step_graphs import StepGraphs, graphs_unavailable
 from labutils.serving.paged_cache import PagedKVCache, Row
 from labutils.serving.scheduler import Feed
 from labutils.serving.sequence import Sequence
@@ -26,11 +26,11 @@ class ModelRunner:
         self.device, self.dtype = model_device(model), model_dtype(model)
         self.cache = PagedKVCache(self.config, block_size, n_blocks, self.device, self.dtype)
         self.token_rows = 0                          # token rows the model computed, over every forward
-        # Steps whose every row decodes one token replay as CUDA graphs where the device has them (decode_graphs).
+        # Steps of decode rows and at most one short prefill chunk replay as CUDA graphs where the device has them.
         why_not = graphs_unavailable(self.device)
         if cuda_graphs and why_not:
             raise ValueError(f"cuda_graphs=True, but {why_not}; leave it None (graphs where the device has them)")
-        self.graphs = DecodeGraphs(model, self.cache) if cuda_graphs is not False and not why_not else None
+        self.graphs = StepGraphs(model, self.cache) if cuda_graphs is not False and not why_not else None
 
     def run(self, plan: list[Feed], high_water: int) -> dict[Sequence, int]:
         """One packed forward over `plan`; {request: its next token} for every request fed its last token, read back
@@ -54,16 +54,26 @@ class ModelRunner:
             if n == seq.remaining:                               # its last token: the next token comes from it
                 ends.append(len(flat) - 1)
                 sampled.append(seq)
-        if self.graphs is not None and len(flat) == len(plan):  # one token a row: a decode step, graphed
-            logits = self.graphs.run(flat, [seq.n_computed for seq, _ in plan], [seq.table for seq, _ in plan])
+        if self.graphs is not None:
+            logits = self._replay(plan)
             if logits is not None:
                 self.token_rows += len(flat)
-                return sampled, self.sample(sampled, logits[ends])
+                rows = [i for i, (seq, n) in enumerate(plan) if n == seq.remaining]    # the sampled ones, in order
+                return sampled, self.sample(sampled, logits[rows])
         view = self.cache.batch([Row(seq.table, seq.n_computed, n) for seq, n in plan])
         ids = torch.tensor(flat, device=self.device)[None]
         logits = self.model(ids, view, check=False, logits_at=torch.tensor(ends, dtype=torch.long, device=self.device))
         self.token_rows += ids.shape[1]
         return sampled, self.sample(sampled, logits[0])
+
+    def _replay(self, plan: list[Feed]) -> torch.Tensor | None:
+        """The step as a replayed graph (step_graphs): logits of its decode rows, then of its chunk's last token; None
+        where it does not fit one (two chunks, a long one) or graphs are off."""
+        decode = [(seq.tokens[seq.n_computed], seq.n_computed, seq.table) for seq, n in plan if n == 1]
+        chunks = [(seq.tokens[seq.n_computed:seq.n_computed + n], seq.n_computed, seq.table) for seq, n in plan if n > 1]
+        if len(chunks) > 1 or not StepGraphs.fits(decode, chunks[0] if chunks else None):
+            return None
+        return self.graphs.run(decode, chunks[0] if chunks else None)
 
     @staticmethod
     def sample(seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
