@@ -141,6 +141,27 @@ def test_graphs_are_used_only_where_the_device_has_them(model):
         assert "emulated" in graphs_unavailable(torch.device("cuda"))
 
 
+def test_recording_a_graph_is_setup_kept_off_the_engines_clocks(model, monkeypatch):
+    """vLLM records its graphs before it serves. Here a step records one the first time its bucket comes, so the
+    engine's clock (and a simulated machine's) leaves those seconds out: a 0.3 s recording is no 0.3 s token gap."""
+    import time
+    from labutils.serving import disagg, make_workload, runner
+
+    def slow_capture(fn, device, warm_up):
+        time.sleep(0.3)
+        return fn
+    monkeypatch.setattr(fastgen, "capture_graph", slow_capture)
+    monkeypatch.setattr(runner, "graphs_unavailable", lambda device: None)     # graphs on, as on a GPU
+    tokens, eng = serve(model, lambda cache: StepGraphs(model, cache), budget=16)
+    assert eng.runner.setup_s >= 0.3 * eng.runner.graphs.recorded > 0
+    gaps = [b - a for r in eng.finished for a, b in zip(r.timestamps, r.timestamps[1:])]
+    assert max(gaps) < 0.25 and eng.wall_s < eng.runner.setup_s
+    wl = make_workload(6, vocab_size=256, prompt_len=(4, 30), output_len=(4, 12), seed=0)
+    sim = disagg.serve_mixed(model, wl, 4)
+    waits = [b - a for r in sim.results for a, b in zip([r.arrival_s] + r.timestamps, r.timestamps)]
+    assert max(waits) < 0.25 and max(sim.busy) <= 1.0
+
+
 @pytest.mark.gpu
 def test_gpu_decode_steps_replay_as_graphs_and_give_the_eager_tokens(model):
     cuda = build(LLAMA, "cuda", torch.bfloat16)

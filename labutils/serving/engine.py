@@ -78,6 +78,7 @@ class Engine:
         self._rejected: dict[int, str] = {}
         self._next_id = 0
         self._t0: float | None = None
+        self._setup_at_t0 = 0.0                     # runner.setup_s when the workload started (see clock)
         self.steps = 0
         self.peak_blocks = 0
 
@@ -148,7 +149,9 @@ class Engine:
         """Seconds since the current workload started (0 before it has)."""
         if self._clock is not None:
             return self._clock()
-        return 0.0 if self._t0 is None else time.perf_counter() - self._t0
+        if self._t0 is None:
+            return 0.0
+        return time.perf_counter() - self._t0 - (self.runner.setup_s - self._setup_at_t0)   # recording is setup
 
     @property
     def busy(self) -> bool:
@@ -164,7 +167,7 @@ class Engine:
         if not self.busy:
             return []
         if self._t0 is None:                 # a new workload: a new clock and a fresh record
-            self._t0 = time.perf_counter()
+            self._t0, self._setup_at_t0 = time.perf_counter(), self.runner.setup_s
             self.finished, self.timeline = [], []
         start = self.clock()
         done = self._arrive(start)

@@ -32,6 +32,11 @@ class ModelRunner:
             raise ValueError(f"cuda_graphs=True, but {why_not}; leave it None (graphs where the device has them)")
         self.graphs = StepGraphs(model, self.cache) if cuda_graphs is not False and not why_not else None
 
+    @property
+    def setup_s(self) -> float:
+        """Seconds spent recording CUDA graphs so far: setup, which the engine's clock leaves out."""
+        return 0.0 if self.graphs is None else self.graphs.record_s
+
     def run(self, plan: list[Feed], high_water: int) -> dict[Sequence, int]:
         """One packed forward over `plan`; {request: its next token} for every request fed its last token, read back
         to the host (the step's one wait for the device). The pool grows to hold block ids below `high_water`

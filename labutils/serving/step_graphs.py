@@ -14,6 +14,7 @@ checked token for token against the eager step anywhere.
 """
 from __future__ import annotations
 
+import time
 import warnings
 
 import torch
@@ -116,6 +117,7 @@ class StepGraphs:
 
     A pool that grows (PagedKVCache.ensure) moves its tensors, so every graph recorded over the old ones is dropped
     and recorded again when next needed. Capture that fails turns graphs off for good, with a warning that says why.
+    Recording is setup, which vLLM does before it serves: its seconds (`record_s`) are kept off the engine's clock.
     """
 
     def __init__(self, model, cache: PagedKVCache, capture: bool = True):
@@ -124,6 +126,7 @@ class StepGraphs:
         self._pool_at = None
         self.failed: str | None = None
         self.recorded = 0                                  # graphs recorded so far (recording costs a few steps)
+        self.record_s = 0.0                                # seconds spent recording them (setup, not serving)
         self.buckets: set[tuple[int, int, int, int]] = set()     # every bucket a step replayed in
 
     @staticmethod
@@ -153,12 +156,15 @@ class StepGraphs:
             replay = step
             if self.capture:
                 from labutils.decode.fastgen import capture_graph
+                t0 = time.perf_counter()
                 try:
                     replay = capture_graph(step, self.cache.device, warm_up=lambda fn: [fn() for _ in range(2)])
                 except Exception as err:     # keep serving, eager, and say why
                     self.failed = f"CUDA graph capture failed ({type(err).__name__}: {str(err)[:200]}); running eager"
                     warnings.warn(f"serving: {self.failed}", RuntimeWarning, stacklevel=3)
                     return None
+                finally:
+                    self.record_s += time.perf_counter() - t0
                 self.recorded += 1
             self._steps[key] = (view, replay, out)
         view, replay, out = self._steps[key]
