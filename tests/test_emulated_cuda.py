@@ -83,15 +83,18 @@ def test_every_path_on_emulated_cuda_runs_under_the_chosen_kernels_and_gives_the
     model = model_for(HEADS[heads])
     want = every_path(model, "cpu")
     seen = []
-    with emulated():
+    # The patch is undone before the emulation puts torch's SDPA back: undone at teardown, it restored the
+    # emulation's CUDA-layout SDPA for every later test (each attention call then ran one more transpose).
+    with emulated(), monkeypatch.context() as patch:
         inner = F.scaled_dot_product_attention                     # the emulation's CUDA-layout SDPA
 
         def recording(q, *args, **kwargs):
             seen.append((q.device.type, torch.backends.cuda.cudnn_sdp_enabled(),
                          tuple(torch._C._get_sdp_priority_order())))
             return inner(q, *args, **kwargs)
-        monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+        patch.setattr(F, "scaled_dot_product_attention", recording)
         got = every_path(model, "cuda")
+    assert F.scaled_dot_product_attention is not inner, "the emulation's SDPA outlived it"
     assert got == want
     order = tuple(int(b) for b in CUDA_SDPA_BACKENDS)
     assert len(seen) > 5 * NEW and {s[0] for s in seen} == {"cuda"}

@@ -3,6 +3,9 @@
 device and run on emulated CUDA."""
 from __future__ import annotations
 
+import contextlib
+from unittest import mock
+
 import pytest
 import torch
 
@@ -23,16 +26,19 @@ def guard():
     fake_cuda.install_guard()
 
 
-def gpu(monkeypatch, free_gb: float, bf16: bool = True):
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (int(free_gb * GB), int(141 * GB)))
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+@contextlib.contextmanager
+def on_gpu(free_gb: float, bf16: bool = True):
+    """Emulated CUDA with `free_gb` free. The two patches are undone inside the emulation: monkeypatch's undo, after
+    it, would put the emulation's stand-ins back into torch.cuda for every later test."""
+    with emulated_cuda(), mock.patch.object(torch.cuda, "mem_get_info", lambda *a: (int(free_gb * GB), int(141 * GB))), \
+            mock.patch.object(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16):
+        yield
 
 
 @pytest.mark.parametrize("free_gb, want", [(139.0, "llama-2-7b"), (30.0, "llama-2-7b"), (28.0, "llama-3.2-3b"),
                                            (12.0, "llama-3.2-1b"), (4.0, "gpt2-small")])
 def test_the_largest_shape_whose_weights_and_cache_fit_half_the_free_memory(free_gb, want, monkeypatch):
-    with emulated_cuda():
-        gpu(monkeypatch, free_gb)
+    with on_gpu(free_gb):
         choice = shape_for("cuda", "gpt2-small", cache_tokens=1200)
     assert choice.preset == want and choice.dtype == torch.bfloat16
     if want in GPU_SHAPES:
@@ -48,16 +54,14 @@ def test_the_largest_shape_whose_weights_and_cache_fit_half_the_free_memory(free
 
 
 def test_a_bigger_cache_moves_the_choice_down(monkeypatch):
-    with emulated_cuda():
-        gpu(monkeypatch, 40.0)
+    with on_gpu(40.0):
         small = shape_for("cuda", "gpt2-small", cache_tokens=1000)
         big = shape_for("cuda", "gpt2-small", cache_tokens=4096, batch=8)
     assert (small.preset, big.preset) == ("llama-2-7b", "llama-3.2-3b")
 
 
 def test_fp16_where_the_gpu_has_no_bf16(monkeypatch):
-    with emulated_cuda():
-        gpu(monkeypatch, 80.0, bf16=False)
+    with on_gpu(80.0, bf16=False):
         choice = shape_for("cuda", "gpt2-small", cache_tokens=1000)
     assert choice.dtype == torch.float16 and "no bf16" in choice.why
 
@@ -76,8 +80,7 @@ def test_a_lesson_may_bring_its_own_cpu_config_and_still_gets_a_published_shape_
     here = shape_for("cpu", own, cache_tokens=3136, batch=9)
     assert (here.config, here.dtype, here.preset) == (own, torch.float32, "the lesson's 8-layer, 512-wide GPT")
     assert "in place of the lesson's config" in str(here) and "set PRESET" in str(shape_for("cpu", "tiny", cache_tokens=9))
-    with emulated_cuda():
-        gpu(monkeypatch, 139.0)
+    with on_gpu(139.0):
         there = shape_for("cuda", own, cache_tokens=3136, batch=9)
     assert (there.preset, there.config) == ("llama-2-7b", GPTConfig.preset("llama-2-7b"))
 
@@ -118,8 +121,7 @@ def test_the_build_is_seeded_and_refuses_what_does_not_fit(monkeypatch):
     torch.manual_seed(0)
     plain = GPT(cfg)
     assert not torch.equal(plain.tok_emb.weight.bfloat16(), a.tok_emb.weight)
-    with emulated_cuda():
-        gpu(monkeypatch, 10.0)
+    with on_gpu(10.0):
         with pytest.raises(DoesNotFitError, match=r"13\.5 GB in torch.bfloat16, but only 10\.0 GB is free on cuda"):
             build(GPTConfig.preset("llama-2-7b"), "cuda", torch.bfloat16)
 
