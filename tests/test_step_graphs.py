@@ -164,7 +164,8 @@ def test_recording_a_graph_is_setup_kept_off_the_engines_clocks(model, monkeypat
 
 @pytest.mark.gpu
 def test_gpu_decode_steps_replay_as_graphs_and_give_the_eager_tokens(model):
-    cuda = build(LLAMA, "cuda", torch.bfloat16)
+    cuda = build(LLAMA, "cuda", torch.float32)      # fp32: a graph's padded widths sum keys in another order, and
+                                                    # bf16 rounding could flip a near-tie of a random model
     eager, _ = serve(cuda, None)
     graphed, eng = serve(cuda, lambda cache: StepGraphs(cuda, cache))
     assert eng.runner.graphs.failed is None and eng.runner.graphs.recorded > 0
