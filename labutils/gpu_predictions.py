@@ -9,6 +9,8 @@ tests/test_gpu_predictions.py checks the file is current.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from labutils.core.devices import GiB
@@ -43,6 +45,7 @@ def _ops(run, kernels_only: bool = False) -> int:
     return sum(1 for e in prof.events() if e.cpu_parent is None and not (kernels_only and e.name in VIEWS))
 
 
+@functools.lru_cache(maxsize=1)       # rows() and markdown() both read it; the profiling builds two models
 def engine_step_costs() -> tuple[float, float, int, int, int]:
     """(host seconds of one eager engine decode step of 8 streams on Llama-2-7B, the fixed seconds of the same step
     replayed as a graph, its ops, its kernels, the tiny pass's ops), from the H200 run's tiny passes and op counts

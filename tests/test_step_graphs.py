@@ -106,7 +106,8 @@ def test_a_step_with_two_chunks_or_a_long_one_runs_eager(model, monkeypatch):
     eng.step()
     assert seen == []
     longest = (list(range(MOST_CHUNK)), 0, [0])
-    assert StepGraphs.fits([], longest) and not StepGraphs.fits([], (longest[0] + [0], 0, [0]))
+    assert StepGraphs.fits([longest]) and not StepGraphs.fits([(longest[0] + [0], 0, [0])])
+    assert StepGraphs.fits([]) and not StepGraphs.fits([longest, longest])
 
 
 def test_a_pool_that_grows_drops_the_graphs_recorded_over_it(model, monkeypatch):

@@ -53,17 +53,17 @@ class ModelRunner:
             if seq.kv is not None:                               # handed over: store it, then decode from it
                 self.cache.write(seq.table, seq.kv)
                 seq.kv = None
-        flat, ends, sampled = [], [], []
-        for seq, n in plan:
+        flat, ends, rows, sampled = [], [], [], []
+        for i, (seq, n) in enumerate(plan):
             flat += seq.tokens[seq.n_computed:seq.n_computed + n]
             if n == seq.remaining:                               # its last token: the next token comes from it
-                ends.append(len(flat) - 1)
+                ends.append(len(flat) - 1)                       # its place among the packed tokens
+                rows.append(i)                                   # and among a replayed step's logits (a row each)
                 sampled.append(seq)
         if self.graphs is not None:
             logits = self._replay(plan)
             if logits is not None:
                 self.token_rows += len(flat)
-                rows = [i for i, (seq, n) in enumerate(plan) if n == seq.remaining]    # the sampled ones, in order
                 return sampled, self.sample(sampled, logits[rows])
         view = self.cache.batch([Row(seq.table, seq.n_computed, n) for seq, n in plan])
         ids = torch.tensor(flat, device=self.device)[None]
@@ -76,7 +76,7 @@ class ModelRunner:
         where it does not fit one (two chunks, a long one) or graphs are off."""
         decode = [(seq.tokens[seq.n_computed], seq.n_computed, seq.table) for seq, n in plan if n == 1]
         chunks = [(seq.tokens[seq.n_computed:seq.n_computed + n], seq.n_computed, seq.table) for seq, n in plan if n > 1]
-        if len(chunks) > 1 or not StepGraphs.fits(decode, chunks[0] if chunks else None):
+        if not StepGraphs.fits(chunks):
             return None
         return self.graphs.run(decode, chunks[0] if chunks else None)
 

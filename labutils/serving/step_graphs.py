@@ -130,9 +130,10 @@ class StepGraphs:
         self.buckets: set[tuple[int, int, int, int]] = set()     # every bucket a step replayed in
 
     @staticmethod
-    def fits(decode: list, chunk) -> bool:
-        """Whether a step of these decode rows and this chunk (or None) may replay: at most one short chunk."""
-        return chunk is None or len(chunk[0]) <= MOST_CHUNK
+    def fits(chunks: list) -> bool:
+        """Whether a step holding these prefill chunks (tokens, first position, table) may replay: at most one, of
+        at most MOST_CHUNK tokens; its decode rows always may."""
+        return len(chunks) <= 1 and all(len(ids) <= MOST_CHUNK for ids, _, _ in chunks)
 
     def run(self, decode: list[tuple[int, int, list[int]]],
             chunk: tuple[list[int], int, list[int]] | None) -> torch.Tensor | None:
