@@ -491,3 +491,22 @@ def test_the_fast_loop_runs_generates_own_prefill_and_step(monkeypatch):
     fast = fast_generate(model, prompt(1, 6), 5, mode="eager", temperature=1.0, top_k=10, seed=2)
     assert calls == ["prefill"] + ["decode_step"] * 4
     assert fast.tokens.shape == (1, 5)
+
+
+def test_auto_compiles_int8_weights_on_cuda_and_graphs_float_ones():
+    """On CUDA "auto" means the graph for float weights and compile for int8 ones (gpt-fast's way: a graph of eager
+    ops would write a 16-bit copy of every int8 weight each step). Emulated CUDA runs neither, so each falls back and
+    its reason names the mode that auto chose; on a CPU auto is eager, with no fallback."""
+    import copy
+
+    from labutils.core.emulated_cuda import emulated_cuda
+    from labutils.decode import quant
+    model = make_model().float()
+    on_cpu = fast_generate(quant.quantize_(copy.deepcopy(model)), prompt(), 3)
+    assert on_cpu.mode == "eager" and on_cpu.fallback is None
+    with emulated_cuda(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        model = model.to("cuda", torch.bfloat16)
+        reasons = {name: fast_generate(m, prompt().to("cuda"), 3).fallback
+                   for name, m in (("float", model), ("int8", quant.quantize_(copy.deepcopy(model))))}
+    assert "no graph" in reasons["float"] and "no compile" in reasons["int8"], reasons

@@ -13,7 +13,8 @@ import torch
 from labutils.decode import quant
 from labutils.perf import timing
 from labutils.decode.loop import decode_step, generate, prefill
-from labutils.core.dtypes import dtype_name
+from labutils.core.dtypes import dtype_name, torch_dtype
+from labutils.measure.request import contender_dtypes, timed_generate
 from labutils.core.draw import random_ids
 from labutils.core.devices import default_dtype
 from labutils.decode.kvcache import KVCache
@@ -67,27 +68,21 @@ def tpot_long_vs_short(s: BenchSettings) -> BenchRow:
 
 
 def int8_vs_16_32(s: BenchSettings) -> BenchRow:
-    """Decode TPOT with int8 weights vs the faster of fp32 and bf16 weights: through generate() on a CPU, and on
-    CUDA through one compiled, graphed decode step per model (FastDecoder mode="compile", as gpt-fast measures)."""
+    """Decode TPOT with int8 weights vs the faster of the float dtypes worth comparing here (measure.contender_dtypes),
+    each through this device's decode loop (measure.timed_generate): generate() on a CPU; on CUDA a graphed step,
+    compiled for int8 so the int8-to-16-bit cast fuses into each matmul's loads (as gpt-fast measures)."""
     base = bench_model(s.preset, str(s.device))
-    half = torch.bfloat16
-    if s.device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
-        half = torch.float16                      # pre-Ampere GPUs: fp16 is their 16-bit path
-    half_name = dtype_name(half)
-    # int8 weights with activations in the dtype this device runs models in (fp32 on a CPU, whose
-    # int8 kernel computes in bf16 anyway; bf16 on a recent GPU).
-    # On a GPU fp32 is no contender (and a 7B model in fp32 is 27 GB): bf16 against int8 there, target 1.3x
-    # (gpt-fast: 155.6 against 104.9 tokens/s for Llama-2-7B on an A100, 1.48x; the bytes allow at most 2x).
+    # int8 weights with activations in the dtype this device runs models in (fp32 on a CPU, whose int8 kernel computes
+    # in bf16 anyway; bf16 on a recent GPU). On a GPU bf16 against int8, target 1.3x (gpt-fast: 155.6 against 104.9
+    # tokens/s for Llama-2-7B on an A100, 1.48x; the bytes allow at most 2x).
     on_gpu = s.device.type == "cuda"
-    floats = {half_name: base} if on_gpu else {"fp32": base, half_name: copy.deepcopy(base).to(half)}   # CUDA's is 16-bit
+    own = dtype_name(next(base.parameters()).dtype)
+    floats = {name: base if name == own else copy.deepcopy(base).to(torch_dtype(name))
+              for name in contender_dtypes(s.device)}
     models = {**floats, "int8": quant.quantize_(copy.deepcopy(base).to(default_dtype(s.device)))}
     prompt_len, new = (16, 8) if s.quick else (128, 32)
     ids = random_ids(base.config.vocab_size, (1, prompt_len))
-    if on_gpu:        # eager, int8's dequantize-matmul is compiled layer by layer: the whole step must be compiled
-        from labutils.decode.fastgen import FastDecoder
-        loops = {name: FastDecoder(m, 1, prompt_len + new, mode="compile").generate for name, m in models.items()}
-    else:
-        loops = {name: functools.partial(generate, m) for name, m in models.items()}
+    loops = {name: functools.partial(timed_generate, m) for name, m in models.items()}
     for run in loops.values():
         run(ids, 2)                               # warm-up, untimed
     tpots: dict[str, list[float]] = {name: [] for name in models}
@@ -98,7 +93,7 @@ def int8_vs_16_32(s: BenchSettings) -> BenchRow:
     best = min(floats, key=t.get)
     return BenchRow(f"best of {'/'.join(floats)} TPOT / int8 TPOT", t[best] / t["int8"], "> 1.3" if on_gpu else "> 1",
                     f"{s.preset} shape, random weights, {s.device.type}, batch 1, {prompt_len}-token prompt + "
-                    f"{new} new, " + ("a compiled decode step each" if on_gpu else "generate()"),
+                    f"{new} new, " + ("a graphed step each, int8's compiled" if on_gpu else "generate()"),
                     ", ".join(f"{name} {t[name] * 1e3:.2f} ms" for name in models)
                     + f" (median of {s.rounds}); best 16/32-bit: {best}")
 

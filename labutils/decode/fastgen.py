@@ -42,6 +42,7 @@ import torch
 
 from labutils.core import emulated_cuda, fake_cuda
 from labutils.decode.loop import GenerationResult, check_request, decode_step, prefill
+from labutils.decode.quant import is_quantized
 from labutils.decode.sampling import check_sampling
 from labutils.decode.kvcache import KVCache
 from labutils.decode.static_cache import StaticKVCache
@@ -149,7 +150,7 @@ class FastDecoder:
         self.token = torch.zeros(batch_size, 1, dtype=torch.long, device=self.device)
         self.noise = (torch.ones(batch_size, cfg.vocab_size, device=self.device) if temperature > 0 else None)
 
-        self.mode, self.fallback = _choose_mode(mode, self.device, cache_kind)
+        self.mode, self.fallback = _choose_mode(mode, model, cache_kind)
         self._run: Callable[[], None] = self.step
         self._build_runner()
         self._reset()
@@ -275,19 +276,23 @@ class FastDecoder:
             self.noise.exponential_(generator=gen).clamp_min_(1e-30)   # E = 0 would divide by zero
 
 
-def _resolve_auto(mode: str, device: torch.device, cache_kind: str) -> str:
-    """The mode "auto" stands for here; any other mode as it is."""
+def _resolve_auto(mode: str, model, cache_kind: str) -> str:
+    """The mode "auto" stands for for this model; any other mode as it is."""
     if mode != "auto":
         return mode
-    # CUDA: the graph. Elsewhere eager: no CUDA graphs, and inductor's compile takes longer
-    # on a CPU than a lesson's time budget allows (time it with mode="compile").
-    return "graph" if device.type == "cuda" and cache_kind == "static" else "eager"
+    if next(model.parameters()).device.type != "cuda" or cache_kind != "static":
+        # Eager: no CUDA graphs off CUDA, and inductor's compile takes longer on a CPU than a lesson's time
+        # budget allows (time it with mode="compile").
+        return "eager"
+    # int8 weights: compiled, so each layer's int8-to-16-bit cast fuses into its matmul's loads and only int8 bytes
+    # leave memory (gpt-fast's way); a graph of the eager ops would write a 16-bit copy of every weight each step.
+    return "compile" if is_quantized(model) else "graph"
 
 
-def _choose_mode(mode: str, device: torch.device, cache_kind: str) -> tuple[str, str | None]:
+def _choose_mode(mode: str, model, cache_kind: str) -> tuple[str, str | None]:
     """(the mode that will run, why it fell back to eager or None)."""
-    mode = _resolve_auto(mode, device, cache_kind)
-    fallback = _unavailable(mode, device, cache_kind)
+    mode = _resolve_auto(mode, model, cache_kind)
+    fallback = _unavailable(mode, next(model.parameters()).device, cache_kind)
     return ("eager" if fallback else mode), fallback
 
 
@@ -399,8 +404,8 @@ def fast_generate(model, ids, max_new_tokens: int, *, temperature: float = 0.0, 
     """generate() without the overheads: same arguments, same GenerationResult, same greedy tokens.
 
     mode, one of RUNNERS: "eager", "graph" (CUDA graph of one decode step), "compile" (torch.compile,
-    reduce-overhead) or "auto" (graph on CUDA, eager elsewhere). Where the mode cannot run, it
-    falls back to eager with a warning and says why in `result.fallback`. cache_kind="growing" uses
+    reduce-overhead) or "auto" (on CUDA the graph, or compile for int8 weights; eager elsewhere). Where the mode
+    cannot run, it falls back to eager with a warning and says why in `result.fallback`. cache_kind="growing" uses
     lesson 06's KVCache (the "sync-free" stage). Setup (cache, capture, compile) is `result.setup_s`,
     outside the timestamps. For many requests of one shape, build a FastDecoder once instead.
     """
@@ -408,7 +413,7 @@ def fast_generate(model, ids, max_new_tokens: int, *, temperature: float = 0.0, 
     check_choice("cache_kind", cache_kind, CACHE_KINDS)
     ids = check_request(model, ids, max_new_tokens, temperature, top_k, top_p)   # before any allocation
     B, need = ids.shape[0], ids.shape[1] + int(max_new_tokens)
-    mode = _resolve_auto(mode, next(model.parameters()).device, cache_kind)
+    mode = _resolve_auto(mode, model, cache_kind)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     if mode == "eager":                   # cheap to build: one per call, at exactly this shape
         decoder = FastDecoder(model, B, need, mode=mode, cache_kind=cache_kind, **sampling)

@@ -57,6 +57,12 @@ def dtype_choices(device) -> list[str]:
     return ["fp32", "bf16", "fp16"]
 
 
+def contender_dtypes(device) -> list[str]:
+    """The float weight dtypes int8 weights are timed against on `device`: fp32 and bf16 on a CPU, where either can be
+    the faster; on a GPU its 16-bit dtype alone (fp32 is no contender there, and a 7B model in fp32 is 27 GB)."""
+    return ["fp32", "bf16"] if check_device("device", device).type == "cpu" else [default_dtype_name(device)]
+
+
 def default_dtype_name(device) -> str:
     """The dtype name models run in on `device` (core.devices.default_dtype): "fp32" on a CPU, "bf16" on a recent GPU."""
     return dtype_name(default_dtype(device))
@@ -260,8 +266,8 @@ def measure_requests(preset: str, settings, batch: int = 1, dtype: str = "fp32",
             for r in range(rounds):
                 for i, ((prompt_len, new_tokens), prompt) in enumerate(zip(settings, ids)):
                     bar.show(f"round {r + 1} of {rounds}: prefill of {prompt_len} tokens x batch {batch}")
-                    runs[i].append(_request(model, prompt, new_tokens, device,
-                                            on_token=lambda _, r=r: token(f"round {r + 1} of {rounds}, decoding")))
+                    runs[i].append(timed_generate(model, prompt, new_tokens,
+                                                  on_token=lambda _, r=r: token(f"round {r + 1} of {rounds}, decoding")))
         bar.done()
     except (RuntimeError, MemoryError) as err:    # torch.OutOfMemoryError is a RuntimeError
         if not is_oom(err):
@@ -287,11 +293,12 @@ def measure_requests(preset: str, settings, batch: int = 1, dtype: str = "fp32",
 MAX_SHARE_OF_GIVEN_PEAKS = 1.25
 
 
-def _request(model: GPT, prompt: torch.Tensor, new_tokens: int, device: torch.device, on_token):
-    """One timed request. On CUDA its decode steps replay a CUDA graph (fastgen's graph loop): a step then costs its
-    bytes, not its launches, which lesson 08 measures on their own. Elsewhere lesson 05's loop: graphs exist only on
-    CUDA, and a CPU runs each op on the calling thread, with no launch to save."""
-    if device.type == "cuda":
+def timed_generate(model: GPT, prompt: torch.Tensor, new_tokens: int, on_token=None):
+    """One timed request through this device's decode loop (a GenerationResult). On CUDA its decode steps replay a
+    CUDA graph (fastgen's "auto": compiled too for int8 weights): a step then costs its bytes, not its launches, which
+    lesson 08 measures on their own. Elsewhere lesson 05's loop: graphs exist only on CUDA, and a CPU runs each op on
+    the calling thread, with no launch to save."""
+    if next(model.parameters()).device.type == "cuda":
         return fast_generate(model, prompt, new_tokens, mode="auto", on_token=on_token)
     return generate(model, prompt, new_tokens, on_token=on_token)
 
@@ -430,5 +437,6 @@ def roofline_point(preset: str, phase: str, n: int, dtype: str = "fp32", device=
 
 
 __all__ = ["PASS_PHASES", "roofline_point", "time_pass", "available_devices", "check_preset_request", "clear_models",
-           "default_dtype_name", "dtype_choices", "fixed_pass_s", "floor_sets_time", "free_bytes", "get_model",
-           "measure_request", "measure_requests", "memory_needed", "model_config", "preset_choices", "skeleton_config"]
+           "contender_dtypes", "default_dtype_name", "dtype_choices", "fixed_pass_s", "floor_sets_time", "free_bytes",
+           "get_model", "measure_request", "measure_requests", "memory_needed", "model_config", "preset_choices", "skeleton_config",
+           "timed_generate"]
