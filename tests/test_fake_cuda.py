@@ -213,3 +213,20 @@ def test_outside_the_harness_cuda_is_still_refused():
         check_device("device", "cuda")
     with pytest.raises((AssertionError, RuntimeError)):
         torch.zeros(2, device="cuda")              # the guard makes no real CUDA tensor possible
+
+
+def test_one_rule_says_where_cuda_graphs_replay():
+    """core.devices.graphs_unavailable is the one rule the fast loop, the serving engine's steps and time_pass ask:
+    a CPU, faked CUDA and emulated CUDA replay no graphs, each with its own reason; real CUDA does."""
+    from labutils.core.devices import graphs_unavailable
+    from labutils.core.emulated_cuda import emulated_cuda
+    from labutils.decode import fastgen
+    from labutils.measure import request
+    cuda = torch.device("cuda")
+    assert "on cpu" in graphs_unavailable(torch.device("cpu")) and graphs_unavailable(cuda) is None
+    with fake_cuda.fake_cuda():
+        assert "faked" in graphs_unavailable(cuda)
+        assert "faked" in fastgen._unavailable("graph", cuda, "static")
+        assert request._without_launches(print, cuda) is print
+    with emulated_cuda():
+        assert "emulated" in graphs_unavailable(cuda) and "emulated" in fastgen._unavailable("graph", cuda, "static")

@@ -14,7 +14,8 @@ from labutils.decode import fastgen
 from labutils.model import GPTConfig
 from labutils.model.build import build
 from labutils.serving import Engine
-from labutils.serving.step_graphs import MOST_CHUNK, StepGraphs, bucket, graphs_unavailable
+from labutils.core.devices import graphs_unavailable
+from labutils.serving.step_graphs import MOST_CHUNK, StepGraphs, bucket
 from labutils.serving.runner import ModelRunner
 
 LLAMA = dataclasses.replace(GPTConfig.preset("llama-3.2-1b"), n_layer=2, n_head=4, n_kv_head=2, n_embd=64,
@@ -136,7 +137,7 @@ def test_a_capture_that_fails_decodes_eager_and_says_why(model, monkeypatch):
 
 def test_graphs_are_used_only_where_the_device_has_them(model):
     assert ModelRunner(model, 4, 8).graphs is None                           # a CPU: eager
-    with pytest.raises(ValueError, match="cuda_graphs=True, but CUDA graphs need an NVIDIA GPU; the model is on cpu"):
+    with pytest.raises(ValueError, match="cuda_graphs=True, but CUDA graphs need an NVIDIA GPU and the model is on cpu"):
         ModelRunner(model, 4, 8, cuda_graphs=True)
     with emulated_cuda():
         assert "emulated" in graphs_unavailable(torch.device("cuda"))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from labutils.core import fake_cuda
+from labutils.core import emulated_cuda, fake_cuda
 from labutils.core.validate import check_device, device_available
 
 
@@ -97,3 +97,16 @@ def default_dtype(device: torch.device | str | None = None) -> torch.dtype:
 
 __all__ = ['GiB', 'MiB', 'default_dtype', 'describe_device', 'free_memory_bytes', 'is_oom', 'pick_device',
            'resolve_device']
+
+
+def graphs_unavailable(device: torch.device) -> str | None:
+    """Why `device` replays no CUDA graphs (a reason to print), or None where it does: the one rule for the fast decode
+    loop, the serving engine's steps and time_pass. The faked and the emulated CUDA of the tests have no graphs."""
+    if device.type != "cuda":
+        return f"CUDA graphs need an NVIDIA GPU and the model is on {device.type}"
+    if emulated_cuda.active():              # (emulation fakes CUDA too: name the emulation)
+        return "CUDA is emulated on the CPU here (labutils.core.emulated_cuda), which has no graphs"
+    if fake_cuda.active():
+        return "CUDA is faked here (labutils.core.fake_cuda), which has no graphs"
+    return None
+

@@ -41,6 +41,7 @@ from typing import Callable
 import torch
 
 from labutils.core import emulated_cuda, fake_cuda
+from labutils.core.devices import graphs_unavailable
 from labutils.decode.loop import GenerationResult, check_request, decode_step, prefill
 from labutils.decode.quant import is_quantized
 from labutils.decode.sampling import check_sampling
@@ -80,9 +81,9 @@ def _unavailable(mode: str, device: torch.device, cache_kind: str) -> str | None
     if mode in ("graph", "compile") and cache_kind == "growing":
         return (f"{mode} needs static shapes, and the growing cache changes shape every step; "
                 "running eager (use cache_kind='static')")
-    if mode == "graph" and device.type != "cuda":
-        return f"CUDA graphs need an NVIDIA GPU and the model is on {device.type}; running eager"
-    if mode in ("graph", "compile") and emulated_cuda.active():
+    if mode == "graph" and (why := graphs_unavailable(device)):
+        return f"{why}; running eager"
+    if mode == "compile" and emulated_cuda.active():
         return f"CUDA is emulated on the CPU here (labutils.core.emulated_cuda), which has no {mode}; running eager"
     return None
 

@@ -11,10 +11,9 @@ import torch
 
 from labutils.perf import quiet, roofline
 from labutils.core.dtypes import COMPUTE_DTYPES, dtype_name
-from labutils.core import fake_cuda
 from labutils.decode.fastgen import capture_graph, fast_generate
 from labutils.decode.loop import generate
-from labutils.core.devices import default_dtype, free_memory_bytes, is_oom, pick_device
+from labutils.core.devices import default_dtype, free_memory_bytes, graphs_unavailable, is_oom, pick_device
 from labutils.decode.kvcache import KVCache
 from labutils.perf.timing import time_fn
 from labutils.model.build import build
@@ -372,7 +371,7 @@ def _without_launches(one_pass, device: torch.device):
 
     The arithmetic: gpt2-small's batch-1 step reads 0.25 GB, 0.06 ms at an H200's 4.2 TB/s, less than launching its
     hundreds of kernels from Python takes (lesson 08 counts them); a 7B model's reads 13.5 GB, 3.2 ms."""
-    if device.type != "cuda" or fake_cuda.active():
+    if graphs_unavailable(device):
         return one_pass
     try:
         return capture_graph(one_pass, device, warm_up=lambda fn: [fn() for _ in range(2)])

@@ -5,7 +5,8 @@ import torch
 
 from labutils.core.validate import model_device, model_dtype
 from labutils.decode.sampling import check_logits, sample
-from labutils.serving.step_graphs import StepGraphs, graphs_unavailable
+from labutils.core.devices import graphs_unavailable
+from labutils.serving.step_graphs import StepGraphs
 from labutils.serving.paged_cache import PagedKVCache, Row
 from labutils.serving.scheduler import Feed
 from labutils.serving.sequence import Sequence

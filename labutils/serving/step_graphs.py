@@ -19,7 +19,7 @@ import warnings
 
 import torch
 
-from labutils.core import emulated_cuda, fake_cuda
+from labutils.core import fake_cuda
 from labutils.model.kernels.attention import attention
 from labutils.model.kernels.paged import gather_blocks, paged_mask
 from labutils.serving.paged_cache import PagedKVCache, slots_of
@@ -30,15 +30,6 @@ MOST_CHUNK = 512        # a longer prefill chunk runs eager: 512 tokens of a 7B 
 def bucket(n: int) -> int:
     """The power of two at or above n (0 stays 0): graphs for 1, 2, 4, ... serve every size between."""
     return 0 if n == 0 else 1 << (n - 1).bit_length()
-
-
-def graphs_unavailable(device: torch.device) -> str | None:
-    """Why this device replays no CUDA graphs (a reason to print), or None where it does."""
-    if device.type != "cuda":
-        return f"CUDA graphs need an NVIDIA GPU; the model is on {device.type}"
-    if fake_cuda.active() or emulated_cuda.active():
-        return "CUDA is faked or emulated here, which has no graphs"
-    return None
 
 
 class StaticStep:
@@ -176,4 +167,4 @@ class StepGraphs:
         return torch.cat([logits[:len(decode)], logits[key[0]:]]) if chunk else logits[:len(decode)]
 
 
-__all__ = ["MOST_CHUNK", "StaticStep", "StepGraphs", "bucket", "graphs_unavailable"]
+__all__ = ["MOST_CHUNK", "StaticStep", "StepGraphs", "bucket"]
