@@ -99,7 +99,7 @@ def rows() -> list[tuple[str, str, str, str]]:
     out = []
     decode_ai = roofline.decode_flops("llama-2-7b", 1) / roofline.decode_bytes("llama-2-7b", 1)
     lowest = min([H200.ridge] + [s.ridge for s in SPECS.values() if s.ridge is not None])
-    out.append(("00", "batch-1 decode sits left of every ridge in the figure, this machine's included (at least 2x)",
+    out.append(("00", "batch-1 decode sits left of every ridge, this machine's and every datasheet GPU's (at least 2x)",
                 f"the lowest of the H200's measured ridge ({H200.ridge:.0f}) and the datasheets' ({lowest:.0f}) / "
                 f"Llama-2-7B's batch-1 decode, {decode_ai:.1f} FLOP/byte", f"{lowest / decode_ai:.0f}x"))
     m = _shape(1200)                                          # lesson 05: its longest request, 1,000 + 200 tokens
