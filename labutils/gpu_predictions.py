@@ -61,22 +61,16 @@ def _decode_ops(shape: str, kernels_only: bool = False) -> int:
     return _ops(lambda: model(ids[:, 128:], cache, check=False), kernels_only)
 
 
-@functools.lru_cache(maxsize=1)       # rows() and markdown() both read it; the profiling builds two models
+@functools.lru_cache(maxsize=1)       # rows() and markdown() both read it; the profiling builds a model
 def engine_step_costs() -> tuple[float, float, int, int, int]:
     """(host seconds of one eager engine decode step of 8 streams on Llama-2-7B, the fixed seconds of the same step
     replayed as a graph, its ops, its kernels, the tiny pass's ops), from the H200 run's tiny passes and op counts
     taken here: Llama-2-7B's skeleton runs the same ops as the model."""
-    from labutils.decode.kvcache import KVCache
     from labutils.measure.request import skeleton_config
     from labutils.model.build import build
     from labutils.model.gpt import GPTConfig
     from labutils.serving.engine import Engine
-    tiny = build(GPTConfig.preset("tiny"))
-    cache = KVCache(tiny.config, 1, 129)
-    ids = torch.zeros(1, 129, dtype=torch.long)
-    with torch.inference_mode():
-        tiny(ids[:, :128], cache)
-    tiny_ops = _ops(lambda: tiny(ids[:, 128:], cache, check=False))
+    tiny_ops = _decode_ops("tiny")                            # the skeleton's pass queues the model's ops
     engine = Engine(build(skeleton_config(GPTConfig.preset("llama-2-7b"))), 8)
     for i in range(8):
         engine.submit(list(range(1, 17 + i)), 8)
@@ -147,13 +141,14 @@ def rows() -> list[tuple[str, str, str, str]]:
     out.append(("06", "with the cache the cost per step stays about flat from 256 to 4,096 tokens",
                 "bytes a cached step reads at 4,096 / at 256", f"{growth:.2f}x"))
     m8 = _shape(128 + 32)                                     # lesson 08: the ladder at lesson 05's shape
+    kernels8 = _decode_ops(m8, kernels_only=True)
     floor8 = roofline.decode_floor_s(m8, roofline.mean_decode_pos(128, 32), 1, BF16, bandwidth_Bps=bw)
     out.append(("08", "at the GPU shape's size the fastest stage (the graph) streams at a fair share of copy "
                 "bandwidth", f"{m8}'s floor {floor8 * 1e3:.2f} ms; expected where the skeleton's graph step is at most "
                 "half of it: the tiny model's graph of 65 kernels took 0.16 ms on the H200, about 2.5 us a kernel",
                 f"expected if the skeleton's step has fewer than {floor8 / 2 / H200_GRAPH_KERNEL_S:.0f} kernels; "
-                f"its eager step queues {_decode_ops(m8, kernels_only=True)} ops that run a kernel: "
-                + ("expected" if 2 * _decode_ops(m8, kernels_only=True) * H200_GRAPH_KERNEL_S <= floor8 else
+                f"its eager step queues {kernels8} ops that run a kernel: "
+                + ("expected" if 2 * kernels8 * H200_GRAPH_KERNEL_S <= floor8 else
                    "close: the claim may print [not expected here]")))
     tiny_ops, small_ops = (_decode_ops(p) for p in ("tiny", "gpt2-small"))
     out.append(("08", "time above the floor grows with the layers: at least twice for three times the layers",
@@ -200,10 +195,11 @@ def rows() -> list[tuple[str, str, str, str]]:
                 + ("holds, by the cache reads alone" if tok[64] / tok[32] < tok[2] / tok[1] else "does not hold")))
     host, fixed, step_ops, kernels, tiny_ops = engine_step_costs()
     floor1 = roofline.decode_floor_s(m9, 128, 1, BF16, bandwidth_Bps=bw)
-    skeleton = _decode_ops(m9, kernels_only=True) * H200_GRAPH_KERNEL_S
+    kernels9 = _decode_ops(m9, kernels_only=True)
+    skeleton = kernels9 * H200_GRAPH_KERNEL_S
     out.append(("09", "a step costs between the larger of its byte floor and its ops' fixed costs and their sum",
                 f"{m9}, batch 1: the floor {floor1 * 1e3:.2f} ms; the skeleton's graphed step, "
-                f"{_decode_ops(m9, kernels_only=True)} kernels x {H200_GRAPH_KERNEL_S * 1e6:.1f} us = "
+                f"{kernels9} kernels x {H200_GRAPH_KERNEL_S * 1e6:.1f} us = "
                 f"{skeleton * 1e3:.2f} ms; the window is 0.9 x the larger / the sum to 1.25",
                 f"{0.9 * max(floor1, skeleton) / (floor1 + skeleton):.2f} to 1.25; a step at the floor, its kernels' "
                 f"start-up hidden behind its bytes, gives {floor1 / (floor1 + skeleton):.2f}"))

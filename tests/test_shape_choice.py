@@ -30,7 +30,9 @@ def guard():
 def on_gpu(free_gb: float, bf16: bool = True):
     """Emulated CUDA with `free_gb` free. The two patches are undone inside the emulation: monkeypatch's undo, after
     it, would put the emulation's stand-ins back into torch.cuda for every later test."""
-    with emulated_cuda(), mock.patch.object(torch.cuda, "mem_get_info", lambda *a: (int(free_gb * GB), int(141 * GB))), \
+    def free(*args):                                              # (bytes free, bytes in all)
+        return int(free_gb * GB), int(141 * GB)
+    with emulated_cuda(), mock.patch.object(torch.cuda, "mem_get_info", free), \
             mock.patch.object(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16):
         yield
 

@@ -137,7 +137,8 @@ def test_a_capture_that_fails_decodes_eager_and_says_why(model, monkeypatch):
 
 def test_graphs_are_used_only_where_the_device_has_them(model):
     assert ModelRunner(model, 4, 8).graphs is None                           # a CPU: eager
-    with pytest.raises(ValueError, match="cuda_graphs=True, but CUDA graphs need an NVIDIA GPU and the model is on cpu"):
+    with pytest.raises(ValueError,
+                       match="cuda_graphs=True, but CUDA graphs need an NVIDIA GPU and the model is on cpu"):
         ModelRunner(model, 4, 8, cuda_graphs=True)
     with emulated_cuda():
         assert "emulated" in graphs_unavailable(torch.device("cuda"))

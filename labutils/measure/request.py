@@ -265,8 +265,9 @@ def measure_requests(preset: str, settings, batch: int = 1, dtype: str = "fp32",
             for r in range(rounds):
                 for i, ((prompt_len, new_tokens), prompt) in enumerate(zip(settings, ids)):
                     bar.show(f"round {r + 1} of {rounds}: prefill of {prompt_len} tokens x batch {batch}")
+                    decoding = f"round {r + 1} of {rounds}, decoding"
                     runs[i].append(timed_generate(model, prompt, new_tokens,
-                                                  on_token=lambda _, r=r: token(f"round {r + 1} of {rounds}, decoding")))
+                                                  on_token=lambda _, text=decoding: token(text)))
         bar.done()
     except (RuntimeError, MemoryError) as err:    # torch.OutOfMemoryError is a RuntimeError
         if not is_oom(err):
@@ -437,5 +438,5 @@ def roofline_point(preset: str, phase: str, n: int, dtype: str = "fp32", device=
 
 __all__ = ["PASS_PHASES", "roofline_point", "time_pass", "available_devices", "check_preset_request", "clear_models",
            "contender_dtypes", "default_dtype_name", "dtype_choices", "fixed_pass_s", "floor_sets_time", "free_bytes",
-           "get_model", "measure_request", "measure_requests", "memory_needed", "model_config", "preset_choices", "skeleton_config",
-           "timed_generate"]
+           "get_model", "measure_request", "measure_requests", "memory_needed", "model_config", "preset_choices",
+           "skeleton_config", "timed_generate"]
