@@ -134,3 +134,24 @@ def test_emulated_cuda_keeps_the_small_shapes():
     with emulated_cuda():
         choice = shape_for("cuda", "tiny", cache_tokens=4096)
     assert choice.preset == "tiny" and choice.dtype == torch.bfloat16 and "even llama-3.2-1b needs" in choice.why
+
+
+def test_the_baseline_prompt_doubles_until_a_roof_sets_its_prefill(monkeypatch):
+    """Lesson 05's baseline prompt: the shortest doubling of `shortest` whose FLOPs at the peak take at least twice a
+    prefill's fixed costs (the skeleton's TTFT), so that twice the prompt can double TTFT on any device."""
+    from labutils import measure
+    from labutils.measure import request
+    from labutils.perf import roofline
+    asked = []
+    monkeypatch.setattr(request, "measure_request", lambda preset, n, *a, **k: asked.append((n, k)) or {"ttft_s": 0.01})
+    peak = roofline.prefill_flops(GPTConfig.preset("tiny"), 512) / 0.025       # 512 tokens: 25 ms, 256: under 20 ms
+    n, floor, fixed = measure.compute_bound_prompt("tiny", "fp32", "cpu", peak)
+    assert (n, fixed) == (512, 0.01) and floor == pytest.approx(0.025)
+    assert [a[0] for a in asked] == [256, 512] and all(k["skeleton"] for _, k in asked)
+    assert measure.compute_bound_prompt("tiny", "fp32", "cpu", peak / 100)[0] == 256    # a slow device: 256 will do
+    n, floor, fixed = measure.compute_bound_prompt("tiny", "fp32", "cpu", peak * 1e6, longest=2048)
+    assert n == 2048 and not measure.floor_sets_time(floor, fixed)          # none qualifies: the longest, and it says so
+    assert max(k["context_length"] for _, k in asked) >= 2048 + 16          # a position table long enough for each
+    with pytest.raises(ValueError, match="longest"):
+        measure.compute_bound_prompt("tiny", "fp32", "cpu", peak, shortest=512, longest=256)
+

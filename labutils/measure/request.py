@@ -418,6 +418,27 @@ def floor_sets_time(floor_s: float, fixed_s: float) -> bool:
     return floor_s >= FLOOR_OVER_FIXED * fixed_s
 
 
+def compute_bound_prompt(preset: str, dtype: str, device, peak_flops: float, *, shortest: int = 256,
+                         longest: int = 4096) -> tuple[int, float, float]:
+    """The shortest prompt, doubling from `shortest`, whose prefill a roof sets: (its length, its floor, its fixed
+    costs). The floor is its FLOPs at `peak_flops`; the fixed costs are its TTFT on the preset's skeleton; it
+    qualifies when floor_sets_time says so. Where no length up to `longest` does, the longest, and
+    floor_sets_time(floor, fixed) is False there. A CPU's 256 tokens of gpt2-small qualify; an H200's eager prefill
+    of Llama-2-7B queues about 1,400 ops from Python, about 19 ms of host, so it needs 4,096 (docs/gpu/predictions.md).
+    """
+    n = check_count("shortest", shortest, 1)
+    longest = check_count("longest", longest, n)
+    cfg = model_config(preset)
+    while True:
+        context = max(cfg.context_length, n + 16)              # a position table long enough (RoPE needs none)
+        floor = roofline.prefill_floor_s(cfg, n, peak_flops=peak_flops)
+        fixed = measure_request(preset, n, 16, dtype=dtype, device=device, context_length=context,
+                                skeleton=True)["ttft_s"]
+        if floor_sets_time(floor, fixed) or 2 * n > longest:
+            return n, floor, fixed
+        n *= 2
+
+
 def roofline_point(preset: str, phase: str, n: int, dtype: str = "fp32", device="cpu", *, pos: int = 128,
                    repeats: int = 5) -> dict:
     """Time one pass (see time_pass) and place it on the roofline: FLOPs, bytes, intensity, achieved rates."""
@@ -437,6 +458,6 @@ def roofline_point(preset: str, phase: str, n: int, dtype: str = "fp32", device=
 
 
 __all__ = ["PASS_PHASES", "roofline_point", "time_pass", "available_devices", "check_preset_request", "clear_models",
-           "contender_dtypes", "default_dtype_name", "dtype_choices", "fixed_pass_s", "floor_sets_time", "free_bytes",
-           "get_model", "measure_request", "measure_requests", "memory_needed", "model_config", "preset_choices",
-           "skeleton_config", "timed_generate"]
+           "compute_bound_prompt", "contender_dtypes", "default_dtype_name", "dtype_choices", "fixed_pass_s",
+           "floor_sets_time", "free_bytes", "get_model", "measure_request", "measure_requests", "memory_needed",
+           "model_config", "preset_choices", "skeleton_config", "timed_generate"]
