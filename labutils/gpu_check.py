@@ -91,19 +91,25 @@ def _commit() -> str:
         return "unknown"
 
 
+STOP_GRACE_S = 20       # a part past its limit gets SIGTERM (a lesson then shuts its kernel down), then SIGKILL
+
+
 def _run(cmd: list[str], limit_s: float, env: dict, cwd: Path = ROOT) -> tuple[int | None, str, float]:
     """(exit code or None on timeout, the output's tail, seconds)."""
     t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=limit_s)
-        code, out = p.returncode, p.stdout + p.stderr
-    except subprocess.TimeoutExpired as err:
-        code, out = None, _text(err.stdout) + _text(err.stderr) + f"\n(stopped at its {limit_s:.0f} s limit)"
+        out, _ = p.communicate(timeout=limit_s)
+        code = p.returncode
+    except subprocess.TimeoutExpired:
+        p.terminate()
+        try:
+            out, _ = p.communicate(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+        code, out = None, (out or "") + f"\n(stopped at its {limit_s:.0f} s limit)"
     return code, out[-4000:], time.perf_counter() - t0
-
-
-def _text(b) -> str:
-    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
 
 
 # ---- the three parts ----------------------------------------------------------------------------------------------
@@ -136,16 +142,26 @@ def parse_junit(path: Path) -> list[dict]:
 
 
 def execute_lesson(path: Path, dest: Path, cell_timeout_s: int) -> None:
-    """Run one lesson top to bottom in a fresh kernel, in its own folder; errors stay in the outputs."""
+    """Run one lesson top to bottom in a fresh kernel, in its own folder; errors stay in the outputs.
+
+    The lesson is written after every cell, so one stopped at its time limit still shows the report the cells it
+    ran and their claims. The stop is a SIGTERM (_run), on which nbclient shuts the kernel down: it interrupts the
+    running cell (its error is a KeyboardInterrupt, saved with it), then kills the kernel, which would otherwise hold
+    the GPU under the next lesson. Each write replaces the file whole: a kill mid-write leaves the last one."""
     import nbformat
     from nbclient import NotebookClient
     nb = nbformat.read(path, as_version=4)
+
+    def save(**_) -> None:
+        part = dest.with_name(dest.name + ".part")
+        nbformat.write(nb, part)
+        os.replace(part, dest)
     client = NotebookClient(nb, timeout=cell_timeout_s, kernel_name=KERNEL, allow_errors=True,
-                            resources={"metadata": {"path": str(path.parent)}})
+                            resources={"metadata": {"path": str(path.parent)}}, on_cell_executed=save)
     try:
         client.execute()
     finally:
-        nbformat.write(nb, dest)
+        save()
 
 
 def lesson_summary(nb: dict) -> dict:
@@ -175,13 +191,15 @@ def run_lessons(names: list[str], out: Path, env: dict, limit_s: float, lesson_s
         if left < 10:
             done.append({"lesson": name, "seconds": 0, "skipped": "the lessons' time limit was spent"})
             continue
+        # The cells' own timeout lies past the lesson's limit: the limit stops the lesson (and its kernel) with the
+        # cells that finished saved, while a cell timeout at the same moment would race it.
         code, tail, secs = _run([sys.executable, "-m", "labutils.gpu_check", "--execute", str(LESSONS / name),
-                                 str(dest), str(int(lesson_s))], min(lesson_s, left), env)
+                                 str(dest), str(int(lesson_s + STOP_GRACE_S))], min(lesson_s, left), env)
         row = {"lesson": name, "seconds": round(secs, 1)}
         if dest.exists():
             row |= lesson_summary(json.loads(dest.read_text()))
-        if code != 0:
-            row["failed"] = "timed out" if code is None else (tail.strip().splitlines() or ["?"])[-1][:300]
+        if code != 0:                 # a lesson that timed out keeps the cells it ran (execute_lesson)
+            row["failed"] = ("timed out" if code is None else (tail.strip().splitlines() or ["?"])[-1][:300])
         done.append(row)
     return done
 
@@ -206,6 +224,9 @@ def markdown(report: dict) -> str:
                 "timings mean nothing" if e["dry_run"] else ""), ""]
     if report.get("missing"):
         lines += ["```", report["missing"], "```", ""]
+    skipped = [part for part in PARTS if part not in report.get("parts", PARTS)]
+    if skipped:
+        lines += [f"Not run in this call (--parts): {', '.join(skipped)}.", ""]
     t = report["tests"]
     c = t["counts"]
     lines += ["## Tests", "", f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped in "
@@ -237,8 +258,13 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def check(out: Path, dry_run: bool = False, lessons: list[str] | None = None, log=print) -> dict:
-    """Run the three parts and write the report into `out`; returns the report."""
+PARTS = ("tests", "lessons", "bench")
+
+
+def check(out: Path, dry_run: bool = False, lessons: list[str] | None = None, log=print, parts=PARTS,
+          limits: dict[str, float] | None = None) -> dict:
+    """Run the parts (all three unless `parts` names fewer) and write the report into `out`; returns the report.
+    `limits` replaces some of the parts' time limits (LIMITS_S), a second call's lessons given the whole budget."""
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     (out / "lessons").mkdir(exist_ok=True)
@@ -253,13 +279,17 @@ def check(out: Path, dry_run: bool = False, lessons: list[str] | None = None, lo
     if lessons is None:
         lessons = [DRY_LESSON] if dry_run else sorted(p.name for p in LESSONS.glob("[0-9]*.ipynb"))
     log(f"gpu-check on {report['environment']['device']}: tests, {len(lessons)} lessons, bench -> {out}")
-    limits = DRY_LIMITS_S if dry_run else LIMITS_S
-    report["tests"] = run_tests(out, env, limits["tests"])
+    limits = (DRY_LIMITS_S if dry_run else LIMITS_S) | (limits or {})
+    report["parts"] = [part for part in PARTS if part in parts]
+    report["tests"] = (run_tests(out, env, limits["tests"]) if "tests" in parts else
+                       {"seconds": 0, "exit": None, "tests": [], "tail": "", "counts": dict.fromkeys(
+                           ("passed", "failed", "skipped"), 0)})
     log(f"  tests: {report['tests']['counts']} in {report['tests']['seconds']:.0f} s")
-    report["lessons"] = run_lessons(lessons, out, env, limits["lessons"], limits["lesson"])
+    report["lessons"] = run_lessons(lessons, out, env, limits["lessons"], limits["lesson"]) if "lessons" in parts else []
     for row in report["lessons"]:
         log(f"  {row['lesson']}: {len(row.get('errors', []))} errors, {row.get('claims')} in {row['seconds']:.0f} s")
-    report["bench"] = run_bench(out, env, limits["bench"], quick=dry_run)
+    report["bench"] = (run_bench(out, env, limits["bench"], quick=dry_run) if "bench" in parts else
+                       {"seconds": 0, "exit": None, "rows": [], "tail": ""})
     log(f"  bench: {len(report['bench']['rows'])} rows in {report['bench']['seconds']:.0f} s")
     report["seconds"] = round(time.perf_counter() - t0, 1)
     with tarfile.open(out / "lessons.tar.gz", "w:gz") as tar:
@@ -275,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="gpu-check", help="folder for the report and the executed lessons")
     p.add_argument("--dry-run", action="store_true", help="no GPU: check the machinery on emulated CUDA")
     p.add_argument("--lessons", nargs="*", default=None, help="lesson file names (default: all; 00 first)")
+    p.add_argument("--parts", nargs="+", choices=PARTS, default=PARTS, help="what to run (default: all three)")
+    p.add_argument("--limit", nargs="+", default=[], metavar="PART=SECONDS",
+                   help=f"replace time limits (default {LIMITS_S}), e.g. --limit lessons=450 lesson=200")
     p.add_argument("--execute", nargs=3, metavar=("LESSON", "DEST", "SECONDS"),
                    help=argparse.SUPPRESS)                  # one lesson, in a child process
     args = p.parse_args(argv)
@@ -285,9 +318,16 @@ def main(argv: list[str] | None = None) -> int:
     if not args.dry_run and not torch.cuda.is_available():
         p.error("no CUDA GPU here (torch.cuda.is_available() is False; torch "
                 f"{torch.__version__}); use --dry-run to check the machinery on emulated CUDA")
-    report = check(Path(args.out), args.dry_run, args.lessons)
+    limits = {}
+    for item in args.limit:
+        part, _, seconds = item.partition("=")
+        if part not in LIMITS_S or not seconds.replace(".", "", 1).isdigit():
+            p.error(f"--limit {item}: give PART=SECONDS with PART one of {', '.join(LIMITS_S)}")
+        limits[part] = float(seconds)
+    report = check(Path(args.out), args.dry_run, args.lessons, parts=args.parts, limits=limits)
     bad = (report["tests"]["counts"]["failed"] or any(r.get("errors") or "failed" in r for r in report["lessons"])
-           or any(r["status"] == "ERROR" for r in report["bench"]["rows"]) or not report["bench"]["rows"])
+           or any(r["status"] == "ERROR" for r in report["bench"]["rows"])
+           or ("bench" in args.parts and not report["bench"]["rows"]))
     return 1 if bad else 0
 
 

@@ -3,10 +3,14 @@ tests, lesson 06 and the quick bench on emulated CUDA), so a broken harness show
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tarfile
+import time
+from pathlib import Path
 
+import nbformat
 import pytest
 
 from labutils import gpu_check
@@ -85,3 +89,50 @@ def test_a_dry_run_writes_the_report_a_reviewer_reads(tmp_path):
     assert f"| {gpu_check.DRY_LESSON} | {lesson['ran']} of {lesson['cells']} | 0 |" in md
     with tarfile.open(out / "lessons.tar.gz") as tar:
         assert f"lessons/{gpu_check.DRY_LESSON}" in tar.getnames()
+
+
+def test_a_lesson_stopped_at_its_limit_keeps_the_cells_it_ran_and_stops_its_kernel(tmp_path, monkeypatch):
+    """On a GPU a 7B lesson can outrun its share of the check: the cells before the limit, and their claims, still
+    reach the report, and its kernel does not outlive it (it would hold the GPU under the next lesson)."""
+    pid_file = tmp_path / "kernel.pid"
+    lesson = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell('print("[holds] a first claim: measured yes, expected yes")'),
+        nbformat.v4.new_code_cell(f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+                                  "time.sleep(600)"),
+        nbformat.v4.new_code_cell('print("never")')])
+    nbformat.write(lesson, tmp_path / "99_slow.ipynb")
+    monkeypatch.setattr(gpu_check, "LESSONS", tmp_path)
+    (tmp_path / "out" / "lessons").mkdir(parents=True)
+    (row,) = gpu_check.run_lessons(["99_slow.ipynb"], tmp_path / "out", dict(os.environ), limit_s=60, lesson_s=12)
+    assert row["failed"] == "timed out" and row["cells"] == 3 and row["ran"] == 2, row
+    assert row["claims"]["holds"] == 1 and row["errors"] == ["cell 1: KeyboardInterrupt: "], row   # where it stopped
+    kernel = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while alive(kernel) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(kernel), f"the lesson's kernel {kernel} outlived its limit"
+
+
+def alive(pid: int) -> bool:
+    """A process that exists and is not a zombie waiting for its parent to read its exit."""
+    try:
+        return " Z " not in Path(f"/proc/{pid}/stat").read_text().split(")", 1)[1][:3]
+    except FileNotFoundError:
+        return False
+
+
+def test_a_second_call_runs_only_the_parts_it_names(tmp_path, monkeypatch):
+    """With 15 minutes of device time a second call takes the lessons the first did not reach, with their whole budget,
+    and neither the tests nor the bench again."""
+    ran = {}
+    monkeypatch.setattr(gpu_check, "run_tests", lambda *a: ran.setdefault("tests", a))
+    monkeypatch.setattr(gpu_check, "run_bench", lambda *a, **k: ran.setdefault("bench", a))
+    monkeypatch.setattr(gpu_check, "run_lessons", lambda names, out, env, limit_s, lesson_s: ran.setdefault(
+        "lessons", (names, limit_s, lesson_s)) and [])
+    report = gpu_check.check(tmp_path, lessons=["09_serving.ipynb"], log=lambda *_: None, parts=["lessons"],
+                             limits={"lessons": 450})
+    assert ran == {"lessons": (["09_serving.ipynb"], 450, gpu_check.LIMITS_S["lesson"])}
+    assert report["parts"] == ["lessons"] and report["bench"]["rows"] == [] and report["tests"]["tests"] == []
+    assert "Not run in this call (--parts): tests, bench." in (tmp_path / "REPORT.md").read_text()
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--dry-run", "--limit", "lessons=soon"])
