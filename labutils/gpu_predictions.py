@@ -129,6 +129,12 @@ def rows() -> list[tuple[str, str, str, str]]:
                 "share of the matmul peak and every position's logits may print [not expected here], since the host "
                 "queues an eager pass while the GPU runs the one before, and the sum floor_sets_time assumes is "
                 "a CPU's")))
+    def all_logits_x(shape: str) -> float:                     # the output layer at every position but the last
+        return 1 + 999 * 2 * roofline.counts(shape).head_params / roofline.prefill_flops(shape, 1000)
+    out.append(("05", "every position's logits slow prefill by about their extra FLOPs (0.8-1.25 of the FLOP ratio)",
+                f"the output layer at 999 more positions against the 1,000-token prefill (gpt2-small on a CPU: "
+                f"{all_logits_x('gpt2-small'):.2f}x)", f"{all_logits_x(m):.2f}x, where section 3's roof claims are "
+                "expected"))
     base = next((n for n in (256, 512, 1024, 2048) if floor_sets_time(roofline.prefill_floor_s(m, n, peak_flops=flops),
                                                                        host)), 4096)
     ratio = roofline.prefill_flops(m, 2 * base) / roofline.prefill_flops(m, base)
@@ -137,6 +143,12 @@ def rows() -> list[tuple[str, str, str, str]]:
                 f"{host * 1e3:.1f} ms ({roofline.prefill_floor_s(m, base, peak_flops=flops) * 1e3:.1f} ms); then "
                 f"prefill FLOPs({2 * base}) / prefill FLOPs({base}): attention's share grows with the square",
                 f"{ratio:.2f}x"))
+    grown = (roofline.decode_bytes(m, roofline.mean_decode_pos(2 * base, 16), 1, BF16)
+             / roofline.decode_bytes(m, roofline.mean_decode_pos(base, 16), 1, BF16))
+    out.append(("05", "twice the prompt moves TPOT only by the cache bytes it adds (TPOT ratio / bytes ratio, 0.85-1.25)",
+                f"a decode step's bytes after {2 * base:,} prompt tokens / after {base:,}: the cache grows beside "
+                f"{roofline.weight_bytes(m, BF16) / 1e9:.1f} GB of weights", f"the bytes grow {grown:.2f}x; 1.00 "
+                "where attention reads the cache as fast as the GEMVs read the weights"))
     pre_i = roofline.prefill_flops(m, 1000) / roofline.prefill_bytes(m, 1000, 1, BF16)
     for name, p in (("decode", roofline.decode_flops(m, pos) / roofline.decode_bytes(m, pos, 1, BF16)),
                     ("a 1,000-token prefill", pre_i)):
