@@ -191,9 +191,14 @@ def rows() -> list[tuple[str, str, str, str]]:
                     "on the memory roof" if i < H200.ridge else "on the compute roof"))
     knee = roofline.knee_batch(m7, 128, BF16, bandwidth_Bps=bw, peak_flops=flops)
     one, many = (roofline.decode_step_s(m7, 128, b, BF16, bandwidth_Bps=bw, peak_flops=flops) for b in (1, 64))
+    b32 = roofline.decode_step_s(m7, 128, 32, BF16, bandwidth_Bps=bw, peak_flops=flops)
     out.append(("07", "the knee of throughput against batch", "batch-1 step / the time one more sequence costs",
                 f"batch {knee:.0f}, beyond the slider's 64; at the floors batch 64 gives {64 * one / many:.0f}x "
                 "batch 1's tokens/s"))
+    out.append(("07", "the measured knee is within a factor of four of the predicted one",
+                "the measured knee: the batch-1 step / the step's growth per sequence from batch 32 to 64 "
+                "(figures.measured_knee), here at the floors", f"batch {one / ((many - b32) / 32):.0f}: "
+                f"{one / ((many - b32) / 32) / knee:.2f}x the prediction"))
     out.append(("07", "throughput grows less than linearly: batch 64's gain over 64 (at most 0.9)",
                 f"the batch-1 step's floor / the batch-64 step's: {one * 1e3:.2f} ms against {many * 1e3:.2f} ms, "
                 "which adds 64 sequences' cache reads", f"{one / many:.2f} at the floors"))

@@ -89,6 +89,15 @@ def test_measured_knee_is_where_the_flat_time_meets_the_compute_line():
     assert figs.measured_knee(rows[:1]) is None
 
 
+def test_measured_knee_places_a_knee_past_the_largest_batch():
+    """Before the knee each extra sequence costs its cache reads: a GPU's 7B shape at batch 64, whose knee is past 180.
+    The step's growth per sequence from batch 32 to 64 places it where knee_batch's construction does."""
+    rows = [dict(phase="decode", n=b, seconds=1.0 + 0.01 * (b - 1)) for b in (1, 2, 4, 8, 16, 32, 64)]
+    assert figs.measured_knee(rows) == pytest.approx(100.0)
+    flat = [dict(phase="decode", n=b, seconds=1.0) for b in (1, 32, 64)]
+    assert figs.measured_knee(flat) == float("inf")            # no growth: no knee this sweep can place
+
+
 def test_roofline_figure_traces_and_points():
     rows = [dict(phase="prefill", n=64, intensity=30.0, achieved_flops=1e11),
             dict(phase="decode", n=2, intensity=1.0, achieved_flops=1e10),

@@ -1,6 +1,8 @@
 """Plotly figures of the roofline (lesson 07): measured ceilings, measured passes, and decode against batch."""
 from __future__ import annotations
 
+import math
+
 import plotly.graph_objects as go
 
 from labutils.perf import roofline
@@ -93,23 +95,27 @@ def update_batch(fig, points, selected=None) -> None:
     fig.data[2].x = [] if selected is None else [selected["n"]]
     fig.data[2].y = [] if selected is None else [selected["tokens_per_s"]]
     ys = [y for t in fig.data[:2] for y in (t.y or [])]
-    # The estimate stands for the knee only once the largest batch is well past it (measured_knee): drawn from
-    # twice the knee on, so a sweep that stops short of the knee (a GPU's 7B shape at batch 64) draws none.
+    # Drawn where it falls inside the batches measured: a GPU's 7B knee lies past batch 64, and the claims print it.
     knee = measured_knee(points)
-    shown = knee is not None and 2 * knee <= max(p["n"] for p in rows)
+    shown = knee is not None and knee <= max(p["n"] for p in rows)
     fig.data[3].x = [knee, knee] if shown else []
     fig.data[3].y = [min(ys), max(ys)] if shown else []
     fig.update_yaxes(**log_axis(ys, title="output tokens/s"))
 
 
 def measured_knee(points) -> float | None:
-    """The knee as roofline.knee_batch constructs it, from measured decode steps: batch-1 step time x the
-    throughput of the largest batch measured (which stands in for the flat asymptote, so time one well past it)."""
+    """The knee as roofline.knee_batch constructs it, from measured decode steps: the batch-1 step time over the time
+    one more sequence costs, read from the two largest batches measured (their step times' difference per sequence).
+
+    It needs no batch past the knee: there the difference is an extra sequence's FLOPs or cache reads, and before it
+    (a GPU's 7B shape at batch 64) its cache reads, which on a GPU set the knee too. A step that did not grow from the
+    second largest batch to the largest gives inf: no knee this sweep can place. None for fewer than two batches."""
     rows = {p["n"]: p for p in points if p["phase"] == "decode"}
     if 1 not in rows or len(rows) < 2:
         return None
-    biggest = max(rows)
-    return rows[1]["seconds"] * biggest / rows[biggest]["seconds"]
+    a, b = sorted(rows)[-2:]
+    per_sequence = (rows[b]["seconds"] - rows[a]["seconds"]) / (b - a)
+    return rows[1]["seconds"] / per_sequence if per_sequence > 0 else math.inf
 
 
 __all__ = ["batch_figure", "measured_knee", "predicted_decode", "roofline_figure", "update_batch", "update_points"]
