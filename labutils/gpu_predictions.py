@@ -309,6 +309,14 @@ def rows() -> list[tuple[str, str, str, str]]:
                 f"({roofline.prefill_flops(m11, 768) / 1e12:.1f} TFLOP, {sweep * 1e3:.1f} ms)",
                 f"{step32 / (sweep + step8):.2f}x at the floors, for the p99 gap that holds such a prefill; "
                 f"{graphed(step32) / eager(sweep + step8):.2f}x on the engine"))
+    def stall(n):                                             # a step holding an n-token whole prefill, at its floor
+        return roofline.prefill_floor_s(m11, n, peak_flops=flops) + step8
+    work = roofline.prefill_flops(m11, long) / roofline.prefill_flops(m11, long // 2)
+    out.append(("11", "exercise 1: the spike grows with the prefill's work: at least half as fast, at most a tenth "
+                "faster (0.5-1.1 of the work ratio)", f"{m11}: the step holding a {long:,}-token whole prefill over the one holding "
+                f"{long // 2:,} tokens, against their work ratio, {work:.2f}x",
+                f"{stall(long) / stall(long // 2) / work:.2f} at the floors; "
+                f"{eager(stall(long)) / eager(stall(long // 2)) / work:.2f} on the engine"))
     m11s = _shape(768 + 64, 8)                                # lesson 11 section 5: section 3's shape, simulated
     decode16 = roofline.decode_step_s(m11s, 512, 16, BF16, bandwidth_Bps=bw, peak_flops=flops)
     stalled = roofline.prefill_floor_s(m11s, 640, peak_flops=flops) + decode16
