@@ -227,6 +227,6 @@ def test_one_rule_says_where_cuda_graphs_replay():
     with fake_cuda.fake_cuda():
         assert "faked" in graphs_unavailable(cuda)
         assert "faked" in fastgen._unavailable("graph", cuda, "static")
-        assert request._without_launches(print, cuda) is print
+        assert request.without_launches(print, cuda) is print
     with emulated_cuda():
         assert "emulated" in graphs_unavailable(cuda) and "emulated" in fastgen._unavailable("graph", cuda, "static")

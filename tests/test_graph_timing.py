@@ -38,14 +38,14 @@ def test_a_pass_on_cuda_is_timed_as_one_graph_and_falls_back_eager_with_a_reason
         return None
 
     cuda = torch.device("cuda")
-    assert request._without_launches(one_pass, torch.device("cpu")) is one_pass
+    assert request.without_launches(one_pass, torch.device("cpu")) is one_pass
     monkeypatch.setattr(fake_cuda, "active", lambda: False)
     monkeypatch.setattr(request, "capture_graph", lambda fn, device, warm_up: ("replay of", fn, device))
-    assert request._without_launches(one_pass, cuda) == ("replay of", one_pass, cuda)
+    assert request.without_launches(one_pass, cuda) == ("replay of", one_pass, cuda)
 
     def refuse(fn, device, warm_up):
         raise RuntimeError("operation not permitted when stream is capturing")
 
     monkeypatch.setattr(request, "capture_graph", refuse)
     with pytest.warns(RuntimeWarning, match="capture failed .*stream is capturing.*include their launches"):
-        assert request._without_launches(one_pass, cuda) is one_pass
+        assert request.without_launches(one_pass, cuda) is one_pass

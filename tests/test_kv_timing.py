@@ -28,3 +28,22 @@ def test_bad_positions(positions, err, match):
 def test_bad_repeats():
     with pytest.raises(ValueError, match="repeats"):
         step_cost_ms(GPT(CFG).eval(), [4], repeats=0)
+
+
+def test_each_step_at_each_position_is_timed_as_one_graph_where_graphs_replay(monkeypatch):
+    """On CUDA a 7B model's eager step is its host's queueing, the same at every position: each step is handed to
+    without_launches, which replays it as a CUDA graph there (and leaves it as it is on a CPU). A graph replays a
+    step only if nothing in it reads a device value on the host: the cached step is checked the way lesson 08
+    checks the fast loop's."""
+    from labutils.decode.fastgen import check_graph_ready
+    from labutils.measure import kv_timing
+    handed = []
+
+    def record(step, device):
+        handed.append(device.type)
+        if len(handed) in (1, 2):
+            check_graph_ready(step, steps=2)        # the recompute step, then the cached one, at the first position
+        return step
+    monkeypatch.setattr(kv_timing, "without_launches", record)
+    out = step_cost_ms(GPT(CFG).eval(), [4, 8, 16], repeats=1)
+    assert handed == ["cpu"] * 6 and all(len(v) == 3 for v in out.values())

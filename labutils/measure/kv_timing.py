@@ -9,6 +9,7 @@ from labutils.core.progress_bar import progress
 from labutils.perf.timing import time_fn, torch_threads
 from labutils.core.validate import check_count, check_device, check_model, check_seed
 from labutils.core.draw import random_ids
+from labutils.measure.request import without_launches
 
 
 def check_positions(positions, context_length: int) -> list[int]:
@@ -32,7 +33,9 @@ def step_cost_ms(model, positions, *, device="cpu", repeats: int = 5, threads: i
 
     The cache is filled once with real keys and values; rewinding cache.pos to p - 1 before each cached step
     makes it see exactly p - 1 earlier tokens. The two kinds alternate at every position, so a slow patch of
-    the machine hits both.
+    the machine hits both. On CUDA each step at each position replays as one CUDA graph (time_pass's way): the
+    lesson's point is the bytes and FLOPs of the two kinds, and a 7B model's eager step would be its host's
+    queueing of some 1,400 ops, the same at every position (lesson 08 times those launches).
     """
     cfg, device = check_model("model", model).config, check_device("device", device)
     positions = check_positions(positions, cfg.context_length)
@@ -45,7 +48,7 @@ def step_cost_ms(model, positions, *, device="cpu", repeats: int = 5, threads: i
 
     def cached(p):
         cache.pos = p - 1
-        return decode_step(model, ids[:, p - 1], cache)
+        return decode_step(model, ids[:, p - 1], cache, check=False)   # no host read: a graph can replay it
 
     out = {"recompute": [], "cached": []}
     with torch_threads(threads), torch.inference_mode():
@@ -53,7 +56,7 @@ def step_cost_ms(model, positions, *, device="cpu", repeats: int = 5, threads: i
             prefill(model, ids[:, :-1], cache)         # real keys and values for every position
         for p in progress(positions, desc="positions"):
             for name, step in (("recompute", recompute), ("cached", cached)):
-                t = time_fn(lambda: step(p), device=device, warmup=1, repeats=repeats)
+                t = time_fn(without_launches(lambda: step(p), device), device=device, warmup=1, repeats=repeats)
                 out[name].append(1e3 * t.median_s)
     return out
 

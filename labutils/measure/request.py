@@ -363,10 +363,10 @@ def time_pass(model: GPT, phase: str, n: int, *, pos: int = 128, repeats: int = 
         model(ids, cache, check=False, last_only=phase != "verify")
 
     with torch.inference_mode():
-        return time_fn(_without_launches(one_pass, device), device=device, warmup=1, repeats=repeats).median_s
+        return time_fn(without_launches(one_pass, device), device=device, warmup=1, repeats=repeats).median_s
 
 
-def _without_launches(one_pass, device: torch.device):
+def without_launches(one_pass, device: torch.device):
     """On CUDA, the pass as one CUDA graph: its kernels replay back to back, with no Python or launch gap between
     them, so the time is the bytes' and FLOPs' (the launches are lesson 08's subject). Elsewhere the pass itself.
 
@@ -460,4 +460,4 @@ def roofline_point(preset: str, phase: str, n: int, dtype: str = "fp32", device=
 __all__ = ["PASS_PHASES", "roofline_point", "time_pass", "available_devices", "check_preset_request", "clear_models",
            "compute_bound_prompt", "contender_dtypes", "default_dtype_name", "dtype_choices", "fixed_pass_s",
            "floor_sets_time", "free_bytes", "get_model", "measure_request", "measure_requests", "memory_needed",
-           "model_config", "preset_choices", "skeleton_config", "timed_generate"]
+           "model_config", "preset_choices", "skeleton_config", "timed_generate", "without_launches"]
