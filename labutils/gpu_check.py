@@ -285,7 +285,8 @@ def check(out: Path, dry_run: bool = False, lessons: list[str] | None = None, lo
                        {"seconds": 0, "exit": None, "tests": [], "tail": "", "counts": dict.fromkeys(
                            ("passed", "failed", "skipped"), 0)})
     log(f"  tests: {report['tests']['counts']} in {report['tests']['seconds']:.0f} s")
-    report["lessons"] = run_lessons(lessons, out, env, limits["lessons"], limits["lesson"]) if "lessons" in parts else []
+    report["lessons"] = (run_lessons(lessons, out, env, limits["lessons"], limits["lesson"]) if "lessons" in parts
+                         else [])
     for row in report["lessons"]:
         log(f"  {row['lesson']}: {len(row.get('errors', []))} errors, {row.get('claims')} in {row['seconds']:.0f} s")
     report["bench"] = (run_bench(out, env, limits["bench"], quick=dry_run) if "bench" in parts else

@@ -1,4 +1,5 @@
-"""What the GPU-shaped lessons should measure on an H200, from the roofline's formulas and that machine's peaks.
+"""What the GPU-shaped lessons and the bench should measure on an H200, from the roofline's formulas and that
+machine's peaks.
 
 A claim about a GPU checked only on a CPU rests on arithmetic; this module writes that arithmetic down, so a reader
 can check each figure and the next `make gpu-check` can be read against it. Every number comes from
@@ -118,34 +119,36 @@ def rows() -> list[tuple[str, str, str, str]]:
     out.append(("05", "per token, prefill costs a small fraction of a decode step",
                 f"{step * 1e3:.2f} ms / ({pre * 1e3:.1f} ms / 1,000)", f"{step / (pre / 1000):.0f}x"))
     # What a pass costs besides its FLOPs (the skeleton's TTFT): an eager prefill queues about a decode step's ops.
-    host = H200_TINY_EAGER_PASS_S / _decode_ops("tiny") * _decode_ops(m)
+    per_op = H200_TINY_EAGER_PASS_S / _decode_ops("tiny")
+    pass_host = per_op * _decode_ops(m)
     out.append(("05", "a pass's fixed costs (the skeleton's TTFT)", f"{_decode_ops(m)} ops an eager pass of {m} "
-                f"queues x {H200_TINY_EAGER_PASS_S / _decode_ops('tiny') * 1e6:.1f} us of host each (the H200 run's "
-                f"eager tiny pass: {H200_TINY_EAGER_PASS_S * 1e3:.2f} ms for {_decode_ops('tiny')} ops)",
-                f"{host * 1e3:.1f} ms"))
+                f"queues x {per_op * 1e6:.1f} us of host each (the H200 run's eager tiny pass: "
+                f"{H200_TINY_EAGER_PASS_S * 1e3:.2f} ms for {_decode_ops('tiny')} ops)", f"{pass_host * 1e3:.1f} ms"))
+    close = ("" if floor_sets_time(pre, pass_host) else ": close; the roofline's ratio, prefill's share of the matmul "
+             "peak and every position's logits may print [not expected here], since the host queues an eager pass "
+             "while the GPU runs the one before, and the sum floor_sets_time assumes is a CPU's")
     out.append(("05", "section 3's roof claims are expected (the 1,000-token prefill's floor at least twice the "
-                "fixed costs)", f"{pre * 1e3:.1f} ms against {host * 1e3:.1f} ms",
-                f"{pre / host:.1f}x" + ("" if floor_sets_time(pre, host) else ": close; the roofline's ratio, prefill's "
-                "share of the matmul peak and every position's logits may print [not expected here], since the host "
-                "queues an eager pass while the GPU runs the one before, and the sum floor_sets_time assumes is "
-                "a CPU's")))
+                "fixed costs)", f"{pre * 1e3:.1f} ms against {pass_host * 1e3:.1f} ms",
+                f"{pre / pass_host:.1f}x{close}"))
+
     def all_logits_x(shape: str) -> float:                     # the output layer at every position but the last
         return 1 + 999 * 2 * roofline.counts(shape).head_params / roofline.prefill_flops(shape, 1000)
     out.append(("05", "every position's logits slow prefill by about their extra FLOPs (0.8-1.25 of the FLOP ratio)",
                 f"the output layer at 999 more positions against the 1,000-token prefill (gpt2-small on a CPU: "
                 f"{all_logits_x('gpt2-small'):.2f}x)", f"{all_logits_x(m):.2f}x, where section 3's roof claims are "
                 "expected"))
-    base = next((n for n in (256, 512, 1024, 2048) if floor_sets_time(roofline.prefill_floor_s(m, n, peak_flops=flops),
-                                                                       host)), 4096)
+    base = next((n for n in (256, 512, 1024, 2048)
+                 if floor_sets_time(roofline.prefill_floor_s(m, n, peak_flops=flops), pass_host)), 4096)
     ratio = roofline.prefill_flops(m, 2 * base) / roofline.prefill_flops(m, base)
     out.append(("05", f"twice the prompt about doubles TTFT ({base:,} -> {2 * base:,} tokens)",
                 f"compute_bound_prompt: the shortest of 256, 512, ... 4,096 tokens whose floor is twice the fixed "
-                f"{host * 1e3:.1f} ms ({roofline.prefill_floor_s(m, base, peak_flops=flops) * 1e3:.1f} ms); then "
+                f"{pass_host * 1e3:.1f} ms ({roofline.prefill_floor_s(m, base, peak_flops=flops) * 1e3:.1f} ms); then "
                 f"prefill FLOPs({2 * base}) / prefill FLOPs({base}): attention's share grows with the square",
                 f"{ratio:.2f}x"))
     grown = (roofline.decode_bytes(m, roofline.mean_decode_pos(2 * base, 16), 1, BF16)
              / roofline.decode_bytes(m, roofline.mean_decode_pos(base, 16), 1, BF16))
-    out.append(("05", "twice the prompt moves TPOT only by the cache bytes it adds (TPOT ratio / bytes ratio, 0.85-1.25)",
+    out.append(("05", "twice the prompt moves TPOT only by the cache bytes it adds (TPOT ratio / bytes ratio, "
+                "0.85-1.25)",
                 f"a decode step's bytes after {2 * base:,} prompt tokens / after {base:,}: the cache grows beside "
                 f"{roofline.weight_bytes(m, BF16) / 1e9:.1f} GB of weights", f"the bytes grow {grown:.2f}x; 1.00 "
                 "where attention reads the cache as fast as the GEMVs read the weights"))
@@ -313,8 +316,8 @@ def rows() -> list[tuple[str, str, str, str]]:
         return roofline.prefill_floor_s(m11, n, peak_flops=flops) + step8
     work = roofline.prefill_flops(m11, long) / roofline.prefill_flops(m11, long // 2)
     out.append(("11", "exercise 1: the spike grows with the prefill's work: at least half as fast, at most a tenth "
-                "faster (0.5-1.1 of the work ratio)", f"{m11}: the step holding a {long:,}-token whole prefill over the one holding "
-                f"{long // 2:,} tokens, against their work ratio, {work:.2f}x",
+                "faster (0.5-1.1 of the work ratio)", f"{m11}: the step holding a {long:,}-token whole prefill over the "
+                f"one holding {long // 2:,} tokens, against their work ratio, {work:.2f}x",
                 f"{stall(long) / stall(long // 2) / work:.2f} at the floors; "
                 f"{eager(stall(long)) / eager(stall(long // 2)) / work:.2f} on the engine"))
     m11s = _shape(768 + 64, 8)                                # lesson 11 section 5: section 3's shape, simulated
@@ -331,12 +334,50 @@ def rows() -> list[tuple[str, str, str, str]]:
                 "worker at most 25%", f"24 prompts of 16-64 tokens, each a read of the weights, {prefills * 1e3:.0f} ms,"
                 f" against 24 x 160 new tokens in steps of 16 streams, {steps * 1e3:.0f} ms",
                 f"the prefill worker {prefills / (prefills + steps):.0%} of the decode worker's time, at the floors"))
+    out += bench_rows(fixed, host, kernels)
+    return out
+
+
+def bench_rows(step_fixed: float, step_host: float, step_kernels: int) -> list[tuple[str, str, str, str]]:
+    """The bench's GPU targets on the H200 (issue 27), with the engine's step costs for the serving row."""
+    from labutils.bench.common import MAX_CONTEXT, NEW_TOKENS, PROMPT_LEN
+    bw, flops, m = H200.bandwidth_Bps, H200.flops, "llama-2-7b"
+    pos = roofline.mean_decode_pos(PROMPT_LEN, NEW_TOKENS)
+    floor = roofline.decode_floor_s(m, pos, 1, BF16, bandwidth_Bps=bw)
+    kernels = _decode_ops(m, kernels_only=True)
+    fixed = kernels * H200_GRAPH_KERNEL_S
+    out = [("bench", "decode bytes/s / copy bandwidth, batch 1, the graph loop (target at least 0.8)",
+            f"{m}: the floor {floor * 1e3:.2f} ms; the graph replays {kernels} kernels a step at "
+            f"{H200_GRAPH_KERNEL_S * 1e6:.1f} us each, {fixed * 1e3:.2f} ms",
+            f"{floor / (floor + fixed):.2f}, short of 0.8 unless kernels start while their neighbours still stream; "
+            f"0.8 allows {0.25 * floor / H200_GRAPH_KERNEL_S:.0f} kernels' fixed costs, fewer than this step runs: "
+            "fusing them is what torch.compile does for gpt-fast (0.82 on an A100)")]
+    pre = roofline.prefill_floor_s(m, 2048, peak_flops=flops)
+    out.append(("bench", "prefill FLOP/s at 2,048 tokens / matmul FLOP/s (target at least 0.6)",
+                f"{roofline.prefill_flops(m, 2048) / 1e12:.1f} TFLOP, {pre * 1e3:.1f} ms at the peak; eager, its "
+                f"host queues about {_decode_ops(m)} ops while the GPU runs them, and each kernel adds its start-up",
+                f"{pre / (pre + fixed):.2f} at the peak with the kernels' start-up"))
+    int8 = roofline.decode_floor_s(m, pos, 1, BF16, bandwidth_Bps=bw) - roofline.weight_bytes(m, BF16) / 2 / bw
+    out.append(("bench", "bf16 TPOT / int8 TPOT, batch 1 (target above 1.3x)",
+                f"each step's bytes, int8 weights at one byte against two, the same cache; the compiled int8 step "
+                f"fuses each cast into its matmul, so it starts no more kernels than the float graph's "
+                f"{fixed * 1e3:.2f} ms", f"at least {(floor + fixed) / (int8 + fixed):.2f}x; {floor / int8:.2f}x at "
+                "the floors"))
+    long = MAX_CONTEXT - 512                                  # the row's long prompt on a GPU, and its budget of 256
+    whole = roofline.prefill_floor_s(m, long, peak_flops=flops) + roofline.decode_floor_s(m, 64, 8, BF16,
+                                                                                           bandwidth_Bps=bw)
+    chunk = roofline.decode_step_s(m, 64, 256, BF16, bandwidth_Bps=bw, peak_flops=flops)
+    out.append(("bench", "the longest stream gap, chunked / whole prefill (target at most 0.5)",
+                f"a step holding a {long:,}-token prompt whole ({whole * 1e3:.0f} ms at the floors, eager: "
+                f"{step_host * 1e3:.0f} ms of host runs behind it) against a step of a 256-token budget "
+                f"({chunk * 1e3:.2f} ms, graphed: {step_kernels} kernels, {step_fixed * 1e3:.2f} ms)",
+                f"{chunk / whole:.2f}x at the floors; {(chunk + step_fixed) / max(whole, step_host):.2f}x on the engine"))
     return out
 
 
 def markdown() -> str:
     host = engine_step_costs()[0]
-    lines = ["# What the GPU-shaped lessons should measure on an H200", "",
+    lines = ["# What the GPU-shaped lessons and the bench should measure on an H200", "",
              f"Written by `python -m labutils.gpu_predictions` from `labutils.perf.roofline` and the H200's peaks, "
              f"{H200.line()} ({H200.source}), and its {H200_FREE_BYTES / 1e9:.0f} GB. Floors are the least time the bytes or FLOPs allow; "
              "a lesson's claim holds when its measured times sit near them.", "",

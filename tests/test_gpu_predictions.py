@@ -44,4 +44,4 @@ def test_each_lesson_row_uses_the_shape_that_lesson_gets_on_the_h200(monkeypatch
     assert any(lesson == "09" and arithmetic.startswith(f"{lesson_09.preset}:") for lesson, _, arithmetic, _ in rows)
     assert any(lesson == "10" and arithmetic.startswith(f"{lesson_10.preset}:") for lesson, _, arithmetic, _ in rows)
     assert any(lesson == "11" and arithmetic.startswith(f"{lesson_11.preset}:") for lesson, _, arithmetic, _ in rows)
-    assert {lesson for lesson, *_ in rows} == {"00", "05", "06", "07", "08", "09", "09, 11", "10", "11"}
+    assert {lesson for lesson, *_ in rows} == {"00", "05", "06", "07", "08", "09", "09, 11", "10", "11", "bench"}

@@ -150,7 +150,7 @@ def test_the_baseline_prompt_doubles_until_a_roof_sets_its_prefill(monkeypatch):
     assert [a[0] for a in asked] == [256, 512] and all(k["skeleton"] for _, k in asked)
     assert measure.compute_bound_prompt("tiny", "fp32", "cpu", peak / 100)[0] == 256    # a slow device: 256 will do
     n, floor, fixed = measure.compute_bound_prompt("tiny", "fp32", "cpu", peak * 1e6, longest=2048)
-    assert n == 2048 and not measure.floor_sets_time(floor, fixed)          # none qualifies: the longest, and it says so
+    assert n == 2048 and not measure.floor_sets_time(floor, fixed)    # none qualifies: the longest, and it says so
     assert max(k["context_length"] for _, k in asked) >= 2048 + 16          # a position table long enough for each
     with pytest.raises(ValueError, match="longest"):
         measure.compute_bound_prompt("tiny", "fp32", "cpu", peak, shortest=512, longest=256)
