@@ -35,7 +35,7 @@ def step_cost_ms(model, positions, *, device="cpu", repeats: int = 5, threads: i
     makes it see exactly p - 1 earlier tokens. The two kinds alternate at every position, so a slow patch of
     the machine hits both. On CUDA each step at each position replays as one CUDA graph (time_pass's way): the
     lesson's point is the bytes and FLOPs of the two kinds, and a 7B model's eager step would be its host's
-    queueing of some 1,400 ops, the same at every position (lesson 08 times those launches).
+    queueing of some 1,200 ops, the same at every position (lesson 08 times those launches).
     """
     cfg, device = check_model("model", model).config, check_device("device", device)
     positions = check_positions(positions, cfg.context_length)

@@ -424,7 +424,7 @@ def compute_bound_prompt(preset: str, dtype: str, device, peak_flops: float, *, 
     costs). The floor is its FLOPs at `peak_flops`; the fixed costs are its TTFT on the preset's skeleton; it
     qualifies when floor_sets_time says so. Where no length up to `longest` does, the longest, and
     floor_sets_time(floor, fixed) is False there. A CPU's 256 tokens of gpt2-small qualify; an H200's eager prefill
-    of Llama-2-7B queues about 1,400 ops from Python, about 19 ms of host, so it needs 4,096 (docs/gpu/predictions.md).
+    of Llama-2-7B queues about 1,200 ops from Python, about 17 ms of host, so it needs 2,048 (docs/gpu/predictions.md).
     """
     n = check_count("shortest", shortest, 1)
     longest = check_count("longest", longest, n)

@@ -121,12 +121,23 @@ def rope_angles(pos: torch.Tensor, head_dim: int, dtype: torch.dtype = torch.flo
     return angles.cos(), angles.sin()
 
 
+def rotation(pos: torch.Tensor, head_dim: int, dtype: torch.dtype = torch.float32,
+             base: float = ROPE_BASE) -> tuple[torch.Tensor, torch.Tensor]:
+    """rope_angles' cos and sin laid out for rotate, head_dim wide: (cos, cos) and (-sin, sin). Made once a forward
+    for every layer, so that a layer's turn is four ops."""
+    cos, sin = rope_angles(pos, head_dim, dtype, base)
+    return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Turn each pair (dim i, dim i + head_dim/2) of x [batch, heads, T, head_dim] by rope_angles' angles."""
+    """Turn each pair (dim i, dim i + head_dim/2) of x [batch, heads, T, head_dim] by rotation's cos and sin:
+    (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), computed in cos's dtype or x's, whichever is wider.
+
+    Written as x * (cos, cos) + (x2, x1) * (-sin, sin): four ops (a cat, two multiplies, an add) and a cast back,
+    where halves and a cast each way took ten, each a kernel launch on a GPU (lesson 08). The values are the same
+    to the bit: negating a product is exact, and a bf16 x is widened exactly inside the multiply."""
     half = x.shape[-1] // 2
-    work = torch.promote_types(x.dtype, cos.dtype)
-    x1, x2 = x.to(work)[..., :half], x.to(work)[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+    return (x * cos + torch.cat([x[..., half:], x[..., :half]], dim=-1) * sin).to(x.dtype)
 
 
 def rope(x: torch.Tensor, pos: torch.Tensor, base: float = ROPE_BASE) -> torch.Tensor:
@@ -136,7 +147,7 @@ def rope(x: torch.Tensor, pos: torch.Tensor, base: float = ROPE_BASE) -> torch.T
     fast turns in the first pairs, slow ones in the last. A rotation keeps lengths, and q.k of two rotated
     vectors depends only on the difference of their positions. No weights: a position costs no parameters.
     """
-    return rotate(x, *rope_angles(pos, x.shape[-1], x.dtype, base))
+    return rotate(x, *rotation(pos, x.shape[-1], x.dtype, base))
 
 
 class CausalSelfAttention(nn.Module):
@@ -151,7 +162,7 @@ class CausalSelfAttention(nn.Module):
         self.layer_idx = 0   # set by GPT: which slot of the KV cache this layer owns
 
     def forward(self, x: torch.Tensor, cache=None, rot: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """rot: RoPE's (cos, sin) for x's tokens, from rope_angles; GPT.forward makes them once for every layer."""
+        """rot: RoPE's (cos, sin) for x's tokens, from rotation; GPT.forward makes them once for every layer."""
         B, T, C = x.shape
         q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
         qk, v = self.qkv(x).split([q_dim + kv_dim, kv_dim], dim=-1)
@@ -159,8 +170,7 @@ class CausalSelfAttention(nn.Module):
         if self.rope:
             # Rotate before caching: a cached key keeps the rotation of the position it was written at. q and k
             # turn together, in one rotate: each op a layer runs is a launch on a GPU.
-            cos, sin = rot if rot is not None else rope_angles(torch.arange(T, device=x.device), self.head_dim,
-                                                               x.dtype)
+            cos, sin = rot if rot is not None else rotation(torch.arange(T, device=x.device), self.head_dim, x.dtype)
             qk = rotate(qk, cos.transpose(1, 2), sin.transpose(1, 2))           # heads sit in dim 2 here
         q, k = qk.transpose(1, 2).split([self.n_head, self.n_kv_head], dim=1)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
@@ -317,7 +327,7 @@ class GPT(nn.Module):
         x = self.tok_emb(ids)
         if self.pos_emb is not None:
             x = x + self.pos_emb(pos)
-        rot = rope_angles(pos, self.config.head_dim, x.dtype) if self.config.rope else None   # once, for every layer
+        rot = rotation(pos, self.config.head_dim, x.dtype) if self.config.rope else None   # once, for every layer
         for block in self.blocks:
             x = block(x, cache, rot)
         if cache is not None:
@@ -329,4 +339,4 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
-__all__ = ['Block', 'CausalSelfAttention', 'GPT', 'GPTConfig', 'MAX_LAYERS', 'MLP', 'NORMS', 'RMSNorm', 'ROPE_BASE', 'check_buildable', 'make_norm', 'rope', 'rope_angles', 'rotate']
+__all__ = ['Block', 'CausalSelfAttention', 'GPT', 'GPTConfig', 'MAX_LAYERS', 'MLP', 'NORMS', 'RMSNorm', 'ROPE_BASE', 'check_buildable', 'make_norm', 'rope', 'rope_angles', 'rotate', 'rotation']
