@@ -21,6 +21,7 @@ import re
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -43,6 +44,7 @@ LIMITS_S = {"tests": 90, "lesson": 120, "lessons": 240, "bench": 120}
 # A dry run emulates CUDA on a CPU, where every op passes through Python: lesson 06 takes about a minute and the quick
 # bench about as long on a quiet 2-core machine, and CI machines swing by 2x. It has no 8-minute target to keep.
 DRY_LIMITS_S = {"tests": 300, "lesson": 480, "lessons": 480, "bench": 400}
+PARTS = ("tests", "lessons", "bench")
 BENCH_GRACE_S = 30          # the row running when the bench's time is up may finish; one still running is stopped
 DRY_LESSON = "06_kv_cache.ipynb"    # short, and the one whose exercise mixed devices on the H200
 # A claim's line as labutils.measure.claims prints it: its verdict, a space, the sentence and what was measured.
@@ -95,20 +97,27 @@ STOP_GRACE_S = 20       # a part past its limit gets SIGTERM (a lesson then shut
 
 
 def _run(cmd: list[str], limit_s: float, env: dict, cwd: Path = ROOT) -> tuple[int | None, str, float]:
-    """(exit code or None on timeout, the output's tail, seconds)."""
+    """(exit code or None on timeout, the output's tail, seconds).
+
+    The output goes to a file, not a pipe: a lesson's kernel runs in a session of its own and inherits the child's
+    output, so a pipe could stay open after the child is gone, and reading it to the end would wait on the kernel."""
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        out, _ = p.communicate(timeout=limit_s)
-        code = p.returncode
-    except subprocess.TimeoutExpired:
-        p.terminate()
+    with tempfile.TemporaryFile() as log:
+        p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            out, _ = p.communicate(timeout=STOP_GRACE_S)
+            code = p.wait(timeout=limit_s)
         except subprocess.TimeoutExpired:
-            p.kill()
-            out, _ = p.communicate()
-        code, out = None, (out or "") + f"\n(stopped at its {limit_s:.0f} s limit)"
+            p.terminate()
+            try:
+                p.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            code = None
+        log.seek(0)
+        out = log.read().decode(errors="replace")
+    if code is None:
+        out += f"\n(stopped at its {limit_s:.0f} s limit)"
     return code, out[-4000:], time.perf_counter() - t0
 
 
@@ -215,6 +224,31 @@ def run_bench(out: Path, env: dict, limit_s: float, quick: bool) -> dict:
 
 # ---- the report ---------------------------------------------------------------------------------------------------
 
+def _tests_section(t: dict) -> list[str]:
+    c = t["counts"]
+    lines = ["## Tests", "", f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped in "
+             f"{t['seconds']:.0f} s", ""]
+    lines += [f"- {x['result'].upper()} `{x['name']}`" + (f": {x['why']}" if x["why"] else "") for x in t["tests"]]
+    return lines + (["", "```", t["tail"][-1500:], "```"] if t["tail"] else [])
+
+
+def _lessons_section(rows: list[dict]) -> list[str]:
+    lines = ["", "## Lessons", "", "| lesson | cells run | errors | time | holds | does not hold here | "
+             "not expected here |", "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        cl = row.get("claims", {})
+        lines.append(f"| {row['lesson']} | {row.get('ran', 0)} of {row.get('cells', '?')} | "
+                     f"{len(row.get('errors', []))} | {row['seconds']:.0f} s | {cl.get('holds', 0)} | "
+                     f"{cl.get('does not hold here', 0)} | {cl.get('not expected here', 0)} |")
+    for row in rows:
+        notes = ([f"stopped: {row['failed']}"] if "failed" in row else []) + (
+            [f"skipped: {row['skipped']}"] if "skipped" in row else []) + row.get("errors", []) + row.get(
+            "not_holding", [])
+        if notes:
+            lines += ["", f"**{row['lesson']}**", ""] + [f"- {n}" for n in notes]
+    return lines
+
+
 def markdown(report: dict) -> str:
     e = report["environment"]
     lines = [f"# gpu-check: {e['device']}", "",
@@ -224,41 +258,24 @@ def markdown(report: dict) -> str:
                 "timings mean nothing" if e["dry_run"] else ""), ""]
     if report.get("missing"):
         lines += ["```", report["missing"], "```", ""]
-    skipped = [part for part in PARTS if part not in report.get("parts", PARTS)]
-    if skipped:
-        lines += [f"Not run in this call (--parts): {', '.join(skipped)}.", ""]
-    t = report["tests"]
-    c = t["counts"]
-    lines += ["## Tests", "", f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped in "
-              f"{t['seconds']:.0f} s", ""]
-    lines += [f"- {x['result'].upper()} `{x['name']}`" + (f": {x['why']}" if x["why"] else "") for x in t["tests"]]
-    if t["tail"]:
-        lines += ["", "```", t["tail"][-1500:], "```"]
-    lines += ["", "## Lessons", "", "| lesson | cells run | errors | time | holds | does not hold here | "
-              "not expected here |", "|---|---|---|---|---|---|---|"]
-    for row in report["lessons"]:
-        cl = row.get("claims", {})
-        lines.append(f"| {row['lesson']} | {row.get('ran', 0)} of {row.get('cells', '?')} | "
-                     f"{len(row.get('errors', []))} | {row['seconds']:.0f} s | {cl.get('holds', 0)} | "
-                     f"{cl.get('does not hold here', 0)} | {cl.get('not expected here', 0)} |")
-    for row in report["lessons"]:
-        notes = ([f"stopped: {row['failed']}"] if "failed" in row else []) + (
-            [f"skipped: {row['skipped']}"] if "skipped" in row else []) + row.get("errors", []) + row.get(
-            "not_holding", [])
-        if notes:
-            lines += ["", f"**{row['lesson']}**", ""] + [f"- {n}" for n in notes]
-    b = report["bench"]
-    lines += ["", f"## Bench ({b['seconds']:.0f} s)", "", "| row | ratio | target | status | measured |",
-              "|---|---|---|---|---|"]
-    lines += [f"| {r['name']} | {r['ratio']:.2f} | {r['target']} | {r['status']} | {r['detail']} |"
-              for r in b["rows"]]
-    if b["tail"]:
-        lines += ["", "```", b["tail"][-1500:], "```"]
+    ran = report.get("parts", PARTS)
+    if len(ran) < len(PARTS):
+        lines += [f"Not run in this call (--parts): {', '.join(p for p in PARTS if p not in ran)}.", ""]
+    if "tests" in ran:
+        lines += _tests_section(report["tests"])
+    if "lessons" in ran:
+        lines += _lessons_section(report["lessons"])
+    if "bench" in ran:
+        b = report["bench"]
+        lines += ["", f"## Bench ({b['seconds']:.0f} s)", "", "| row | ratio | target | status | measured |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {r['name']} | {r['ratio']:.2f} | {r['target']} | {r['status']} | {r['detail']} |"
+                  for r in b["rows"]]
+        if b["tail"]:
+            lines += ["", "```", b["tail"][-1500:], "```"]
     lines += ["", f"Whole run: {report['seconds']:.0f} s."]
     return "\n".join(lines) + "\n"
 
-
-PARTS = ("tests", "lessons", "bench")
 
 
 def check(out: Path, dry_run: bool = False, lessons: list[str] | None = None, log=print, parts=PARTS,
@@ -278,7 +295,8 @@ def check(out: Path, dry_run: bool = False, lessons: list[str] | None = None, lo
         log(report["missing"])
     if lessons is None:
         lessons = [DRY_LESSON] if dry_run else sorted(p.name for p in LESSONS.glob("[0-9]*.ipynb"))
-    log(f"gpu-check on {report['environment']['device']}: tests, {len(lessons)} lessons, bench -> {out}")
+    doing = {"tests": "tests", "lessons": f"{len(lessons)} lessons", "bench": "bench"}
+    log(f"gpu-check on {report['environment']['device']}: {', '.join(doing[p] for p in PARTS if p in parts)} -> {out}")
     limits = (DRY_LIMITS_S if dry_run else LIMITS_S) | (limits or {})
     report["parts"] = [part for part in PARTS if part in parts]
     report["tests"] = (run_tests(out, env, limits["tests"]) if "tests" in parts else
@@ -315,16 +333,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.execute:
         execute_lesson(Path(args.execute[0]), Path(args.execute[1]), int(args.execute[2]))
         return 0
-    import torch
-    if not args.dry_run and not torch.cuda.is_available():
-        p.error("no CUDA GPU here (torch.cuda.is_available() is False; torch "
-                f"{torch.__version__}); use --dry-run to check the machinery on emulated CUDA")
     limits = {}
     for item in args.limit:
         part, _, seconds = item.partition("=")
         if part not in LIMITS_S or not seconds.replace(".", "", 1).isdigit():
             p.error(f"--limit {item}: give PART=SECONDS with PART one of {', '.join(LIMITS_S)}")
         limits[part] = float(seconds)
+    import torch
+    if not args.dry_run and not torch.cuda.is_available():
+        p.error("no CUDA GPU here (torch.cuda.is_available() is False; torch "
+                f"{torch.__version__}); use --dry-run to check the machinery on emulated CUDA")
     report = check(Path(args.out), args.dry_run, args.lessons, parts=args.parts, limits=limits)
     bad = (report["tests"]["counts"]["failed"] or any(r.get("errors") or "failed" in r for r in report["lessons"])
            or any(r["status"] == "ERROR" for r in report["bench"]["rows"])

@@ -103,7 +103,7 @@ def test_a_lesson_stopped_at_its_limit_keeps_the_cells_it_ran_and_stops_its_kern
     nbformat.write(lesson, tmp_path / "99_slow.ipynb")
     monkeypatch.setattr(gpu_check, "LESSONS", tmp_path)
     (tmp_path / "out" / "lessons").mkdir(parents=True)
-    (row,) = gpu_check.run_lessons(["99_slow.ipynb"], tmp_path / "out", dict(os.environ), limit_s=60, lesson_s=12)
+    (row,) = gpu_check.run_lessons(["99_slow.ipynb"], tmp_path / "out", dict(os.environ), limit_s=60, lesson_s=20)
     assert row["failed"] == "timed out" and row["cells"] == 3 and row["ran"] == 2, row
     assert row["claims"]["holds"] == 1 and row["errors"] == ["cell 1: KeyboardInterrupt: "], row   # where it stopped
     kernel = int(pid_file.read_text())
@@ -116,7 +116,7 @@ def test_a_lesson_stopped_at_its_limit_keeps_the_cells_it_ran_and_stops_its_kern
 def alive(pid: int) -> bool:
     """A process that exists and is not a zombie waiting for its parent to read its exit."""
     try:
-        return " Z " not in Path(f"/proc/{pid}/stat").read_text().split(")", 1)[1][:3]
+        return " Z " not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1][:3]
     except FileNotFoundError:
         return False
 
@@ -133,6 +133,21 @@ def test_a_second_call_runs_only_the_parts_it_names(tmp_path, monkeypatch):
                              limits={"lessons": 450})
     assert ran == {"lessons": (["09_serving.ipynb"], 450, gpu_check.LIMITS_S["lesson"])}
     assert report["parts"] == ["lessons"] and report["bench"]["rows"] == [] and report["tests"]["tests"] == []
-    assert "Not run in this call (--parts): tests, bench." in (tmp_path / "REPORT.md").read_text()
+    md = (tmp_path / "REPORT.md").read_text()
+    assert "Not run in this call (--parts): tests, bench." in md and "## Lessons" in md
+    assert "## Tests" not in md and "## Bench" not in md
+
+
+def test_the_command_line_takes_parts_and_limits_and_refuses_a_bad_limit(monkeypatch, capsys):
+    asked = {}
+
+    def check(out, dry_run, lessons, parts, limits):
+        asked.update(parts=list(parts), limits=limits)
+        return {"tests": {"counts": {"failed": 0}}, "lessons": [], "bench": {"rows": []}}
+    monkeypatch.setattr(gpu_check, "check", check)
+    assert gpu_check.main(["--dry-run", "--parts", "lessons", "--limit", "lessons=450", "lesson=200"]) == 0
+    assert asked == {"parts": ["lessons"], "limits": {"lessons": 450.0, "lesson": 200.0}}
     with pytest.raises(SystemExit):
-        gpu_check.main(["--dry-run", "--limit", "lessons=soon"])
+        gpu_check.main(["--limit", "lessons=soon"])            # refused before it looks for a GPU
+    assert "--limit lessons=soon: give PART=SECONDS with PART one of tests, lesson, lessons, bench" in \
+        capsys.readouterr().err

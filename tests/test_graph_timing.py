@@ -47,5 +47,5 @@ def test_a_pass_on_cuda_is_timed_as_one_graph_and_falls_back_eager_with_a_reason
         raise RuntimeError("operation not permitted when stream is capturing")
 
     monkeypatch.setattr(request, "capture_graph", refuse)
-    with pytest.warns(RuntimeWarning, match="capture failed .*stream is capturing.*include their launches"):
+    with pytest.warns(RuntimeWarning, match="capture failed .*stream is capturing.*eager, with its launches"):
         assert request.without_launches(one_pass, cuda) is one_pass

@@ -37,13 +37,18 @@ def test_each_step_at_each_position_is_timed_as_one_graph_where_graphs_replay(mo
     checks the fast loop's."""
     from labutils.decode.fastgen import check_graph_ready
     from labutils.measure import kv_timing
-    handed = []
+    handed, timed = [], []
 
     def record(step, device):
         handed.append(device.type)
         if len(handed) in (1, 2):
             check_graph_ready(step, steps=2)        # the recompute step, then the cached one, at the first position
-        return step
+
+        def replay():                               # what the sweep times must be what without_launches returned
+            timed.append(len(handed))
+            return step()
+        return replay
     monkeypatch.setattr(kv_timing, "without_launches", record)
     out = step_cost_ms(GPT(CFG).eval(), [4, 8, 16], repeats=1)
     assert handed == ["cpu"] * 6 and all(len(v) == 3 for v in out.values())
+    assert sorted(set(timed)) == [1, 2, 3, 4, 5, 6]             # each step timed through its own wrapper

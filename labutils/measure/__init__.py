@@ -9,4 +9,5 @@ from labutils.measure.request import (available_devices, check_preset_request, c
                                       compute_bound_prompt, contender_dtypes,
                                       default_dtype_name, dtype_choices, fixed_pass_s, floor_sets_time, free_bytes,
                                       get_model, measure_request, measure_requests, memory_needed, model_config,
-                                      preset_choices, roofline_point, skeleton_config, time_pass, timed_generate)
+                                      preset_choices, roofline_point, skeleton_config, time_pass, timed_generate,
+                                      without_launches)

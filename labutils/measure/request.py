@@ -377,8 +377,8 @@ def without_launches(one_pass, device: torch.device):
     try:
         return capture_graph(one_pass, device, warm_up=lambda fn: [fn() for _ in range(2)])
     except Exception as err:         # a pass that cannot be captured is still worth timing: eager, and say so
-        warnings.warn(f"time_pass: CUDA graph capture failed ({type(err).__name__}: {err}); timing eager passes, "
-                      "which include their launches", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"timing a pass: CUDA graph capture failed ({type(err).__name__}: {err}); timing it eager, "
+                      "with its launches", RuntimeWarning, stacklevel=3)
         return one_pass
 
 
@@ -418,13 +418,17 @@ def floor_sets_time(floor_s: float, fixed_s: float) -> bool:
     return floor_s >= FLOOR_OVER_FIXED * fixed_s
 
 
-def compute_bound_prompt(preset: str, dtype: str, device, peak_flops: float, *, shortest: int = 256,
-                         longest: int = 4096) -> tuple[int, float, float]:
+BASE_PROMPTS = (256, 4096)      # compute_bound_prompt's shortest and longest baseline prompt (lesson 05)
+
+
+def compute_bound_prompt(preset: str, dtype: str, device, peak_flops: float, *, shortest: int = BASE_PROMPTS[0],
+                         longest: int = BASE_PROMPTS[1]) -> tuple[int, float, float]:
     """The shortest prompt, doubling from `shortest`, whose prefill a roof sets: (its length, its floor, its fixed
-    costs). The floor is its FLOPs at `peak_flops`; the fixed costs are its TTFT on the preset's skeleton; it
-    qualifies when floor_sets_time says so. Where no length up to `longest` does, the longest, and
-    floor_sets_time(floor, fixed) is False there. A CPU's 256 tokens of gpt2-small qualify; an H200's eager prefill
-    of Llama-2-7B queues about 1,200 ops from Python, about 17 ms of host, so it needs 2,048 (docs/gpu/predictions.md).
+    costs). The floor is its FLOPs at `peak_flops`; the fixed costs are its TTFT on the preset's skeleton (the median
+    of three requests: one slow sample would double the prompt); it qualifies when floor_sets_time says so. Where no
+    doubling up to `longest` does, the last one, and floor_sets_time(floor, fixed) is False there. A CPU's 256 tokens
+    of gpt2-small qualify; an H200's eager prefill of Llama-2-7B queues about 1,200 ops from Python, about 16.6 ms of
+    host, so it needs 2,048 (docs/gpu/predictions.md).
     """
     n = check_count("shortest", shortest, 1)
     longest = check_count("longest", longest, n)
@@ -432,7 +436,7 @@ def compute_bound_prompt(preset: str, dtype: str, device, peak_flops: float, *, 
     while True:
         context = max(cfg.context_length, n + 16)              # a position table long enough (RoPE needs none)
         floor = roofline.prefill_floor_s(cfg, n, peak_flops=peak_flops)
-        fixed = measure_request(preset, n, 16, dtype=dtype, device=device, context_length=context,
+        fixed = measure_request(preset, n, 16, dtype=dtype, device=device, context_length=context, repeats=3,
                                 skeleton=True)["ttft_s"]
         if floor_sets_time(floor, fixed) or 2 * n > longest:
             return n, floor, fixed
@@ -458,6 +462,6 @@ def roofline_point(preset: str, phase: str, n: int, dtype: str = "fp32", device=
 
 
 __all__ = ["PASS_PHASES", "roofline_point", "time_pass", "available_devices", "check_preset_request", "clear_models",
-           "compute_bound_prompt", "contender_dtypes", "default_dtype_name", "dtype_choices", "fixed_pass_s",
-           "floor_sets_time", "free_bytes", "get_model", "measure_request", "measure_requests", "memory_needed",
+           "BASE_PROMPTS", "compute_bound_prompt", "contender_dtypes", "default_dtype_name", "dtype_choices",
+           "fixed_pass_s", "floor_sets_time", "free_bytes", "get_model", "measure_request", "measure_requests", "memory_needed",
            "model_config", "preset_choices", "skeleton_config", "timed_generate", "without_launches"]

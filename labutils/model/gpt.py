@@ -339,4 +339,5 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
-__all__ = ['Block', 'CausalSelfAttention', 'GPT', 'GPTConfig', 'MAX_LAYERS', 'MLP', 'NORMS', 'RMSNorm', 'ROPE_BASE', 'check_buildable', 'make_norm', 'rope', 'rope_angles', 'rotate', 'rotation']
+__all__ = ['Block', 'CausalSelfAttention', 'GPT', 'GPTConfig', 'MAX_LAYERS', 'MLP', 'NORMS', 'RMSNorm', 'ROPE_BASE',
+           'check_buildable', 'make_norm', 'rope', 'rope_angles', 'rotate', 'rotation']

@@ -1,7 +1,7 @@
 """Serving steps replayed as CUDA graphs, as vLLM and nano-vllm replay decode: one graph per bucket of shapes.
 
-An eager step queues every op from Python. For Llama-2-7B that is some 1,900 ops a step, about 26 ms of host time at
-the H200 run's 13.8 us an op (docs/gpu/predictions.md), eight times the 3.2 ms its weights take to read: the engine's
+An eager step queues every op from Python. For Llama-2-7B that is some 1,700 ops a step, about 24 ms of host time at
+the H200 run's 13.8 us an op (docs/gpu/predictions.md), seven times the 3.2 ms its weights take to read: the engine's
 steps would measure the host, and a prefill would cost only a few of them. A graph replays all of a step's kernels
 from one call. It needs fixed shapes and addresses, so a step is padded up to a bucket (powers of two): its decode
 rows (one token each) and their block tables' width, and at most one prefill chunk, its tokens and its table's width.
