@@ -137,21 +137,32 @@ def test_emulated_cuda_keeps_the_small_shapes():
 
 
 def test_the_baseline_prompt_doubles_until_a_roof_sets_its_prefill(monkeypatch):
-    """Lesson 05's baseline prompt: the shortest doubling of `shortest` whose FLOPs at the peak take at least twice a
-    prefill's fixed costs (the skeleton's TTFT), so that twice the prompt can double TTFT on any device."""
+    """Lesson 05's baseline prompt: the shortest doubling of `shortest` whose FLOPs at the peak take at least twice its
+    pass's fixed costs and at least its host's time (floor_sets_time), so that twice the prompt can double TTFT."""
     from labutils import measure
     from labutils.measure import request
     from labutils.perf import roofline
-    asked = []
-    monkeypatch.setattr(request, "measure_request", lambda preset, n, *a, **k: asked.append((n, k)) or {"ttft_s": 0.01})
-    peak = roofline.prefill_flops(GPTConfig.preset("tiny"), 512) / 0.025       # 512 tokens: 25 ms, 256: under 20 ms
-    n, floor, fixed = measure.compute_bound_prompt("tiny", "fp32", "cpu", peak)
-    assert (n, fixed) == (512, 0.01) and floor == pytest.approx(0.025)
-    assert [a[0] for a in asked] == [256, 512] and all(k["skeleton"] for _, k in asked)
-    assert measure.compute_bound_prompt("tiny", "fp32", "cpu", peak / 100)[0] == 256    # a slow device: 256 will do
-    n, floor, fixed = measure.compute_bound_prompt("tiny", "fp32", "cpu", peak * 1e6, longest=2048)
-    assert n == 2048 and not measure.floor_sets_time(floor, fixed)    # none qualifies: the longest, and it says so
+    asked, host = [], {"s": 0.01}
+    monkeypatch.setattr(request, "fixed_pass_s", lambda preset, phase, n, *a, **k: 0.004)
+    monkeypatch.setattr(request, "measure_request", lambda preset, n, *a, **k: asked.append((n, k)) or
+                        {"ttft_s": host["s"]})
+    peak = roofline.prefill_flops(GPTConfig.preset("tiny"), 512) / 0.025       # 512 tokens: 25 ms, 256: under 13
+    choice = measure.compute_bound_prompt("tiny", "fp32", "cpu", peak)
+    assert (choice.tokens, choice.fixed_s, choice.host_s) == (256, 0.004, 0.01) and choice.compute_bound
+    host["s"] = 0.02                                        # a host slower than 256 tokens' floor: 512
+    choice = measure.compute_bound_prompt("tiny", "fp32", "cpu", peak)
+    assert choice.tokens == 512 and choice.floor_s == pytest.approx(0.025) and choice.compute_bound
+    assert [a[0] for a in asked] == [256, 256, 512] and all(k["skeleton"] and k["repeats"] == 3 for _, k in asked)
+    choice = measure.compute_bound_prompt("tiny", "fp32", "cpu", peak * 1e6, longest=2048)
+    assert choice.tokens == 2048 and not choice.compute_bound      # none qualifies: the last doubling, and it says so
     assert max(k["context_length"] for _, k in asked) >= 2048 + 16          # a position table long enough for each
+    assert measure.compute_bound_prompt("tiny", "fp32", "cpu", peak * 1e6, longest=3000).tokens == 2048
     with pytest.raises(ValueError, match="longest"):
         measure.compute_bound_prompt("tiny", "fp32", "cpu", peak, shortest=512, longest=256)
 
+
+def test_the_host_counts_only_where_it_is_slower_than_the_floor():
+    from labutils.measure import floor_sets_time
+    assert floor_sets_time(1.0, 0.5) and not floor_sets_time(1.0, 0.6)           # twice the fixed costs
+    assert floor_sets_time(1.0, 0.1, host_s=1.0) and not floor_sets_time(1.0, 0.1, host_s=1.1)
+    assert not floor_sets_time(1.0, 0.6, host_s=0.1)                              # and both

@@ -6,6 +6,7 @@ import gc
 import statistics
 import warnings
 from collections import OrderedDict
+from typing import NamedTuple
 
 import torch
 
@@ -409,37 +410,55 @@ def fixed_pass_s(preset: str, phase: str, n: int, dtype: str = "fp32", device="c
 FLOOR_OVER_FIXED = 2.0
 
 
-def floor_sets_time(floor_s: float, fixed_s: float) -> bool:
+def floor_sets_time(floor_s: float, fixed_s: float, host_s: float | None = None) -> bool:
     """True when a pass's floor (its bytes / bandwidth, or FLOPs / peak) is at least FLOOR_OVER_FIXED times its fixed
     costs (fixed_pass_s, or a request on the skeleton). A pass then takes about floor / efficiency + fixed, so the
     roof sets at least two thirds of it, and the claims that rest on a roof can hold: twice the work gives at least
     (4 + 1) / (2 + 1) = 1.67x the time, and a share of the roof stays above 30% down to a kernel efficiency of 40%.
-    Below it the fixed costs set the time, and those claims are not expected."""
-    return floor_s >= FLOOR_OVER_FIXED * fixed_s
+    Below it the fixed costs set the time, and those claims are not expected.
+
+    host_s, for an eager pass: what the host spends queueing it (a request's TTFT on the skeleton). On a CPU the host
+    runs the pass itself, so that is fixed_s again. A GPU runs the kernels while the host queues the next ones: the
+    pass takes about the larger of the host's time and the device's (floor / efficiency + its kernels' fixed costs,
+    fixed_pass_s, a replayed graph), and the roof sets it only where the floor is also at least the host's time."""
+    return floor_s >= FLOOR_OVER_FIXED * fixed_s and (host_s is None or floor_s >= host_s)
 
 
 BASE_PROMPTS = (256, 4096)      # compute_bound_prompt's shortest and longest baseline prompt (lesson 05)
 
 
+class BaselinePrompt(NamedTuple):
+    """compute_bound_prompt's choice and its evidence: the prompt's floor, its pass's fixed costs, its host's time."""
+    tokens: int
+    floor_s: float
+    fixed_s: float
+    host_s: float
+
+    @property
+    def compute_bound(self) -> bool:
+        return floor_sets_time(self.floor_s, self.fixed_s, self.host_s)
+
+
 def compute_bound_prompt(preset: str, dtype: str, device, peak_flops: float, *, shortest: int = BASE_PROMPTS[0],
-                         longest: int = BASE_PROMPTS[1]) -> tuple[int, float, float]:
-    """The shortest prompt, doubling from `shortest`, whose prefill a roof sets: (its length, its floor, its fixed
-    costs). The floor is its FLOPs at `peak_flops`; the fixed costs are its TTFT on the preset's skeleton (the median
-    of three requests: one slow sample would double the prompt); it qualifies when floor_sets_time says so. Where no
-    doubling up to `longest` does, the last one, and floor_sets_time(floor, fixed) is False there. A CPU's 256 tokens
-    of gpt2-small qualify; an H200's eager prefill of Llama-2-7B queues about 1,200 ops from Python, about 16.6 ms of
-    host, so it needs 2,048 (docs/gpu/predictions.md).
+                         longest: int = BASE_PROMPTS[1]) -> BaselinePrompt:
+    """The shortest prompt, doubling from `shortest`, whose prefill a roof sets (floor_sets_time). Its floor is its
+    FLOPs at `peak_flops`; its fixed costs are its pass on the preset's skeleton (fixed_pass_s); its host's time is
+    its TTFT on the skeleton (the median of three requests: one slow sample would double the prompt). Where no
+    doubling up to `longest` qualifies, the last one, and its `compute_bound` is False. A CPU's 256 tokens of
+    gpt2-small qualify; on an H200 an eager prefill of Llama-2-7B queues about 1,200 ops, some 16.6 ms of host, so it
+    takes 1,024 (docs/gpu/predictions.md).
     """
     n = check_count("shortest", shortest, 1)
     longest = check_count("longest", longest, n)
     cfg = model_config(preset)
     while True:
         context = max(cfg.context_length, n + 16)              # a position table long enough (RoPE needs none)
-        floor = roofline.prefill_floor_s(cfg, n, peak_flops=peak_flops)
-        fixed = measure_request(preset, n, 16, dtype=dtype, device=device, context_length=context, repeats=3,
-                                skeleton=True)["ttft_s"]
-        if floor_sets_time(floor, fixed) or 2 * n > longest:
-            return n, floor, fixed
+        choice = BaselinePrompt(n, roofline.prefill_floor_s(cfg, n, peak_flops=peak_flops),
+                                fixed_pass_s(preset, "prefill", n, dtype, device, context_length=context),
+                                measure_request(preset, n, 16, dtype=dtype, device=device, context_length=context,
+                                                repeats=3, skeleton=True)["ttft_s"])
+        if choice.compute_bound or 2 * n > longest:
+            return choice
         n *= 2
 
 
@@ -462,6 +481,7 @@ def roofline_point(preset: str, phase: str, n: int, dtype: str = "fp32", device=
 
 
 __all__ = ["PASS_PHASES", "roofline_point", "time_pass", "available_devices", "check_preset_request", "clear_models",
-           "BASE_PROMPTS", "compute_bound_prompt", "contender_dtypes", "default_dtype_name", "dtype_choices",
-           "fixed_pass_s", "floor_sets_time", "free_bytes", "get_model", "measure_request", "measure_requests", "memory_needed",
-           "model_config", "preset_choices", "skeleton_config", "timed_generate", "without_launches"]
+           "BASE_PROMPTS", "BaselinePrompt", "compute_bound_prompt", "contender_dtypes", "default_dtype_name",
+           "dtype_choices", "fixed_pass_s", "floor_sets_time", "free_bytes", "get_model", "measure_request",
+           "measure_requests", "memory_needed", "model_config", "preset_choices", "skeleton_config", "timed_generate",
+           "without_launches"]
