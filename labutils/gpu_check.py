@@ -277,7 +277,6 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-
 def check(out: Path, dry_run: bool = False, lessons: list[str] | None = None, log=print, parts=PARTS,
           limits: dict[str, float] | None = None) -> dict:
     """Run the parts (all three unless `parts` names fewer) and write the report into `out`; returns the report.

@@ -15,7 +15,8 @@ import functools
 import torch
 
 from labutils.core.devices import GiB
-from labutils.measure.request import BASE_PROMPTS, floor_sets_time
+from labutils.figures.roofline import measured_knee
+from labutils.measure.request import BASE_PROMPTS, BaselinePrompt, first_compute_bound, floor_sets_time
 from labutils.model.presets import get_shape
 from labutils.perf import roofline
 from labutils.perf.datasheets import SPECS
@@ -63,6 +64,11 @@ def _decode_ops(shape: str, kernels_only: bool = False) -> int:
     return _ops(lambda: model(ids[:, 128:], cache, check=False), kernels_only)
 
 
+def _host_s(ops: int) -> float:
+    """What the H200 run's host spends queueing `ops` eager ops: its tiny pass's time per op."""
+    return H200_TINY_EAGER_PASS_S / _decode_ops("tiny") * ops
+
+
 @functools.lru_cache(maxsize=1)       # rows() and markdown() both read it; the profiling builds a model
 def engine_step_costs() -> tuple[float, float, int, int, int]:
     """(host seconds of one eager engine decode step of 8 streams on Llama-2-7B, the fixed seconds of the same step
@@ -80,8 +86,7 @@ def engine_step_costs() -> tuple[float, float, int, int, int]:
     engine.step()
     step_ops = _ops(engine.step)
     kernels = _ops(engine.step, kernels_only=True)
-    return (H200_TINY_EAGER_PASS_S / tiny_ops * step_ops, H200_GRAPH_KERNEL_S * kernels, step_ops, kernels,
-            tiny_ops)
+    return _host_s(step_ops), H200_GRAPH_KERNEL_S * kernels, step_ops, kernels, tiny_ops
 
 
 def _shape(cache_tokens: int, batch: int = 1) -> str:
@@ -120,11 +125,10 @@ def rows() -> list[tuple[str, str, str, str]]:
                 f"{step * 1e3:.2f} ms / ({pre * 1e3:.1f} ms / 1,000)", f"{step / (pre / 1000):.0f}x"))
     # What an eager prefill costs besides its FLOPs: its host's queueing (the skeleton's TTFT; a prefill queues about
     # a decode step's ops), and its kernels' own start-up (the skeleton's pass replayed as a graph).
-    per_op = H200_TINY_EAGER_PASS_S / _decode_ops("tiny")
-    pass_host = per_op * _decode_ops(m)
+    pass_host = _host_s(_decode_ops(m))
     pass_fixed = _decode_ops(m, kernels_only=True) * H200_GRAPH_KERNEL_S
     out.append(("05", "an eager prefill's host time (the skeleton's TTFT)", f"{_decode_ops(m):,} ops an eager pass of "
-                f"{m} queues x {per_op * 1e6:.1f} us of host each (the H200 run's eager tiny pass: "
+                f"{m} queues x {_host_s(1) * 1e6:.1f} us of host each (the H200 run's eager tiny pass: "
                 f"{H200_TINY_EAGER_PASS_S * 1e3:.2f} ms for {_decode_ops('tiny')} ops)", f"{pass_host * 1e3:.1f} ms"))
     out.append(("05", "its kernels' fixed costs (the skeleton's prefill pass, replayed as a graph)",
                 f"{_decode_ops(m, kernels_only=True)} kernels x {H200_GRAPH_KERNEL_S * 1e6:.1f} us",
@@ -143,10 +147,8 @@ def rows() -> list[tuple[str, str, str, str]]:
                 f"{all_logits_x('gpt2-small'):.2f}x)", f"{all_logits_x(m):.2f}x, where section 3's roof claims are "
                 "expected"))
     shortest, longest = BASE_PROMPTS
-    doublings = [shortest << i for i in range((longest // shortest).bit_length())]     # 256, 512, ... 4,096
-    base = next((n for n in doublings
-                 if floor_sets_time(roofline.prefill_floor_s(m, n, peak_flops=flops), pass_fixed, pass_host)),
-                doublings[-1])
+    base = first_compute_bound(lambda n: BaselinePrompt(n, roofline.prefill_floor_s(m, n, peak_flops=flops),
+                                                        pass_fixed, pass_host)).tokens
     ratio = roofline.prefill_flops(m, 2 * base) / roofline.prefill_flops(m, base)
     out.append(("05", f"twice the prompt about doubles TTFT ({base:,} -> {2 * base:,} tokens)",
                 f"compute_bound_prompt: the shortest of {shortest:,}, {2 * shortest:,}, ... {longest:,} tokens whose "
@@ -203,14 +205,15 @@ def rows() -> list[tuple[str, str, str, str]]:
                     "on the memory roof" if i < H200.ridge else "on the compute roof"))
     knee = roofline.knee_batch(m7, 128, BF16, bandwidth_Bps=bw, peak_flops=flops)
     one, many = (roofline.decode_step_s(m7, 128, b, BF16, bandwidth_Bps=bw, peak_flops=flops) for b in (1, 64))
-    b32 = roofline.decode_step_s(m7, 128, 32, BF16, bandwidth_Bps=bw, peak_flops=flops)
+    at_floors = [dict(phase="decode", n=b, seconds=roofline.decode_step_s(m7, 128, b, BF16, bandwidth_Bps=bw,
+                                                                          peak_flops=flops)) for b in (1, 32, 64)]
     out.append(("07", "the knee of throughput against batch", "batch-1 step / the time one more sequence costs",
                 f"batch {knee:.0f}, beyond the slider's 64; at the floors batch 64 gives {64 * one / many:.0f}x "
                 "batch 1's tokens/s"))
     out.append(("07", "the measured knee is within a factor of four of the predicted one",
                 "the measured knee: the batch-1 step / the step's growth per sequence from batch 32 to 64 "
-                "(figures.measured_knee), here at the floors", f"batch {one / ((many - b32) / 32):.0f}: "
-                f"{one / ((many - b32) / 32) / knee:.2f}x the prediction"))
+                "(figures.measured_knee), here at the floors", f"batch {measured_knee(at_floors):.0f}: "
+                f"{measured_knee(at_floors) / knee:.2f}x the prediction"))
     out.append(("07", "throughput grows less than linearly: batch 64's gain over 64 (at most 0.9)",
                 f"the batch-1 step's floor / the batch-64 step's: {one * 1e3:.2f} ms against {many * 1e3:.2f} ms, "
                 "which adds 64 sequences' cache reads", f"{one / many:.2f} at the floors"))

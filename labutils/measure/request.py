@@ -6,7 +6,7 @@ import gc
 import statistics
 import warnings
 from collections import OrderedDict
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -439,27 +439,37 @@ class BaselinePrompt(NamedTuple):
         return floor_sets_time(self.floor_s, self.fixed_s, self.host_s)
 
 
-def compute_bound_prompt(preset: str, dtype: str, device, peak_flops: float, *, shortest: int = BASE_PROMPTS[0],
-                         longest: int = BASE_PROMPTS[1]) -> BaselinePrompt:
-    """The shortest prompt, doubling from `shortest`, whose prefill a roof sets (floor_sets_time). Its floor is its
-    FLOPs at `peak_flops`; its fixed costs are its pass on the preset's skeleton (fixed_pass_s); its host's time is
-    its TTFT on the skeleton (the median of three requests: one slow sample would double the prompt). Where no
-    doubling up to `longest` qualifies, the last one, and its `compute_bound` is False. A CPU's 256 tokens of
-    gpt2-small qualify; on an H200 an eager prefill of Llama-2-7B queues about 1,200 ops, some 16.6 ms of host, so it
-    takes 1,024 (docs/gpu/predictions.md).
-    """
+def first_compute_bound(costs: Callable[[int], BaselinePrompt], shortest: int = BASE_PROMPTS[0],
+                        longest: int = BASE_PROMPTS[1]) -> BaselinePrompt:
+    """The first of shortest, 2 x shortest, 4 x shortest, ... (at most `longest`) whose costs(n) is compute-bound;
+    where none is, the last one, whose `compute_bound` says so. compute_bound_prompt measures the costs, and
+    gpu_predictions computes an H200's: one rule for both."""
     n = check_count("shortest", shortest, 1)
     longest = check_count("longest", longest, n)
-    cfg = model_config(preset)
     while True:
-        context = max(cfg.context_length, n + 16)              # a position table long enough (RoPE needs none)
-        choice = BaselinePrompt(n, roofline.prefill_floor_s(cfg, n, peak_flops=peak_flops),
-                                fixed_pass_s(preset, "prefill", n, dtype, device, context_length=context),
-                                measure_request(preset, n, 16, dtype=dtype, device=device, context_length=context,
-                                                repeats=3, skeleton=True)["ttft_s"])
+        choice = costs(n)
         if choice.compute_bound or 2 * n > longest:
             return choice
         n *= 2
+
+
+def compute_bound_prompt(preset: str, dtype: str, device, peak_flops: float, *, shortest: int = BASE_PROMPTS[0],
+                         longest: int = BASE_PROMPTS[1]) -> BaselinePrompt:
+    """The shortest prompt, doubling from `shortest`, whose prefill a roof sets (floor_sets_time, first_compute_bound).
+    Its floor is its FLOPs at `peak_flops`; its fixed costs are its pass on the preset's skeleton (fixed_pass_s); its
+    host's time is its TTFT on the skeleton (the median of three requests: one slow sample would double the prompt).
+    A CPU's 256 tokens of gpt2-small qualify; on an H200 an eager prefill of Llama-2-7B queues about 1,200 ops, some
+    16.6 ms of host, so it takes 1,024 (docs/gpu/predictions.md).
+    """
+    cfg = model_config(preset)
+
+    def measured(n: int) -> BaselinePrompt:
+        context = max(cfg.context_length, n + 16)              # a position table long enough (RoPE needs none)
+        return BaselinePrompt(n, roofline.prefill_floor_s(cfg, n, peak_flops=peak_flops),
+                              fixed_pass_s(preset, "prefill", n, dtype, device, context_length=context),
+                              measure_request(preset, n, 16, dtype=dtype, device=device, context_length=context,
+                                              repeats=3, skeleton=True)["ttft_s"])
+    return first_compute_bound(measured, shortest, longest)
 
 
 def roofline_point(preset: str, phase: str, n: int, dtype: str = "fp32", device="cpu", *, pos: int = 128,
@@ -482,6 +492,6 @@ def roofline_point(preset: str, phase: str, n: int, dtype: str = "fp32", device=
 
 __all__ = ["PASS_PHASES", "roofline_point", "time_pass", "available_devices", "check_preset_request", "clear_models",
            "BASE_PROMPTS", "BaselinePrompt", "compute_bound_prompt", "contender_dtypes", "default_dtype_name",
-           "dtype_choices", "fixed_pass_s", "floor_sets_time", "free_bytes", "get_model", "measure_request",
-           "measure_requests", "memory_needed", "model_config", "preset_choices", "skeleton_config", "timed_generate",
-           "without_launches"]
+           "dtype_choices", "first_compute_bound", "fixed_pass_s", "floor_sets_time", "free_bytes", "get_model",
+           "measure_request", "measure_requests", "memory_needed", "model_config", "preset_choices", "skeleton_config",
+           "timed_generate", "without_launches"]
