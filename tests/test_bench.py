@@ -195,6 +195,7 @@ def test_on_a_gpu_the_rows_time_the_lessons_gpu_shape_in_16_bits(monkeypatch):
     for row in rows:
         assert row.status in ("PASS", "FAIL") and "llama-toy shape" in row.setup and "cuda" in row.setup, row
     bandwidth, prefill, int8, chunked, recompute, tpot = rows
+    assert "(fastest of 2 here)" in bandwidth.setup      # the eager step's graph against the compiled step's
     assert "2048-token prompt + 16 new" in recompute.setup and tpot.name == "TPOT 1024 / TPOT 64 tokens in context"
     assert prefill.name.startswith("prefill FLOP/s at 2048 tokens")
     assert int8.name == "best of bf16 TPOT / int8 TPOT" and int8.target == "> 1.3" and "fp32" not in int8.detail

@@ -164,7 +164,8 @@ def decode_bandwidth(s: BenchSettings) -> BenchRow:
     """Decode bytes/s (roofline.decode_bytes / the fast loop's TPOT) against measured copy bandwidth.
 
     On a CPU the gpt2-small shape (target 0.7). On CUDA the lessons' GPU shape in 16 bits through the graph loop
-    (target 0.8; gpt-fast reaches about 0.82 of an A100's measured bandwidth on Llama-2-7B).
+    (target 0.8; gpt-fast reaches about 0.82 of an A100's measured bandwidth on Llama-2-7B), replaying the eager
+    step's kernels or the compiled step's, whichever streams faster.
     """
     from labutils.decode.fastgen import FastDecoder
     from labutils.perf.probes import measure_bandwidth
@@ -174,20 +175,28 @@ def decode_bandwidth(s: BenchSettings) -> BenchRow:
     base = bench_model(preset, str(s.device))
     base = base if s.device.type == "cuda" else copy.deepcopy(base).to(dtype=bench_dtype(s))   # CUDA's is 16-bit
     ids, new = bench_request(s, base.config.vocab_size)
-    # This row compares no tokens, so it may take whichever weight layout streams fastest on this machine: row-major
-    # (nn.Linear), column-major, or oneDNN-prepacked (labutils.decode.prepack, whose sums differ in the last bits). Which one
-    # wins depends on the CPU: prepacked won on an AMD EPYC and lost to row-major on an Intel Xeon.
-    layouts = {"row-major weights": base}
+    n = ids.shape[1] + new
+    # This row compares no tokens, so it may take whichever way of running the step streams fastest on this machine.
+    # On a CPU, the weight layout: row-major (nn.Linear), column-major, or oneDNN-prepacked (labutils.decode.prepack,
+    # whose sums differ in the last bits). Which one wins depends on the CPU: prepacked won on an AMD EPYC and lost to
+    # row-major on an Intel Xeon. On CUDA, the graph of the eager step's kernels or of the compiled step's: a graph
+    # still pays each kernel's start-up, about 2.5 us on the H200 run: Llama-2-7B's eager step runs some 600 kernels,
+    # 1.5 ms beside its 3.2 ms read, and 0.8 allows about 320 (docs/gpu/predictions.md), which only fusing the
+    # elementwise ops into their neighbours reaches, as torch.compile does for gpt-fast.
+    first = "the eager step's graph" if s.device.type == "cuda" else "row-major weights"
+    ways = {first: (base, lambda m: FastDecoder(m, 1, n))}
     if s.device.type == "cpu":
-        layouts["column-major weights"] = fast_model(copy.deepcopy(base), s)
+        ways["column-major weights"] = (fast_model(copy.deepcopy(base), s), lambda m: FastDecoder(m, 1, n))
         if prepack_unavailable(base) is None:
-            layouts["prepacked weights"] = prepack_linears(copy.deepcopy(base))
-    decoders = {name: FastDecoder(m, 1, ids.shape[1] + new) for name, m in layouts.items()}
+            ways["prepacked weights"] = (prepack_linears(copy.deepcopy(base)), lambda m: FastDecoder(m, 1, n))
+    elif s.device.type == "cuda":
+        ways["compiled step"] = (base, lambda m: FastDecoder(m, 1, n, mode="compile"))
+    decoders = {name: make(m) for name, (m, make) in ways.items()}
     for dec in decoders.values():
         dec.generate(ids, new)                             # warm-up, untimed
     trial = {name: min(dec.generate(ids, new).tpot_s for _ in range(2)) for name, dec in decoders.items()}
     layout = min(trial, key=trial.get)
-    model, dec = layouts[layout], decoders[layout]
+    model, dec = ways[layout][0], decoders[layout]
     layout = f", {layout} (fastest of {len(trial)} here)"
     tpot, bw = [], []
     for _ in range(s.rounds):                              # interleaved: load hits both sides

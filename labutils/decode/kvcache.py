@@ -145,9 +145,10 @@ class KVCache(KVBuffers):
         # broadcast silently into every row of a larger cache.
         if end > self.max_len or k.shape[0] != self.batch_size:
             self.check_fits(k.shape[0], k.shape[2])
-        self.k[layer, :, :, self.pos:end] = k
-        self.v[layer, :, :, self.pos:end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        keys, values = self.k[layer, :, :, :end], self.v[layer, :, :, :end]   # each view made once
+        keys[:, :, self.pos:] = k
+        values[:, :, self.pos:] = v
+        return keys, values
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str) -> torch.Tensor:
         """model.cache.Cache's attend: write k, v at pos, then q over the written prefix, causal by offset (the new

@@ -51,9 +51,10 @@ class StaticKVCache(KVBuffers):
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Write this forward's keys/values at begin()'s positions; return the whole buffers [batch, n_kv, max_len, hd]."""
-        self.k[layer].index_copy_(2, self._write_at, k)
-        self.v[layer].index_copy_(2, self._write_at, v)
-        return self.k[layer], self.v[layer]
+        keys, values = self.k[layer], self.v[layer]      # each view made once: every op is host time on a GPU
+        keys.index_copy_(2, self._write_at, k)
+        values.index_copy_(2, self._write_at, v)
+        return keys, values
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str) -> torch.Tensor:
         """model.cache.Cache's attend: write k, v at begin()'s positions, then q over the whole buffer, begin()'s

@@ -458,8 +458,8 @@ def compute_bound_prompt(preset: str, dtype: str, device, peak_flops: float, *, 
     """The shortest prompt, doubling from `shortest`, whose prefill a roof sets (floor_sets_time, first_compute_bound).
     Its floor is its FLOPs at `peak_flops`; its fixed costs are its pass on the preset's skeleton (fixed_pass_s); its
     host's time is its TTFT on the skeleton (the median of three requests: one slow sample would double the prompt).
-    A CPU's 256 tokens of gpt2-small qualify; on an H200 an eager prefill of Llama-2-7B queues about 1,200 ops, some
-    16.6 ms of host, so it takes 1,024 (docs/gpu/predictions.md).
+    A CPU's 256 tokens of gpt2-small qualify; on an H200 an eager prefill of Llama-2-7B queues about 1,000 ops, some
+    13 ms of host, so it takes 1,024 (docs/gpu/predictions.md).
     """
     cfg = model_config(preset)
 

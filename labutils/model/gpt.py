@@ -123,21 +123,22 @@ def rope_angles(pos: torch.Tensor, head_dim: int, dtype: torch.dtype = torch.flo
 
 def rotation(pos: torch.Tensor, head_dim: int, dtype: torch.dtype = torch.float32,
              base: float = ROPE_BASE) -> tuple[torch.Tensor, torch.Tensor]:
-    """rope_angles' cos and sin laid out for rotate, head_dim wide: (cos, cos) and (-sin, sin). Made once a forward
-    for every layer, so that a layer's turn is four ops."""
+    """rope_angles' cos and sin laid out for rotate, head_dim wide, (cos, cos) and (-sin, sin), in `dtype`: the angles
+    are worked out in float32 at least, then cast once, as Hugging Face's Llama casts them to the model's dtype. Made
+    once a forward for every layer, so that a layer's turn is four ops and no cast."""
     cos, sin = rope_angles(pos, head_dim, dtype, base)
-    return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
+    return torch.cat([cos, cos], dim=-1).to(dtype), torch.cat([-sin, sin], dim=-1).to(dtype)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Turn each pair (dim i, dim i + head_dim/2) of x [batch, heads, T, head_dim] by rotation's cos and sin:
-    (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), computed in cos's dtype or x's, whichever is wider.
+    (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), in x's dtype where cos and sin are in it (rotation's are).
 
-    Written as x * (cos, cos) + (x2, x1) * (-sin, sin): four ops (a cat, two multiplies, an add) and a cast back,
-    where halves and a cast each way took ten, each a kernel launch on a GPU (lesson 08). The values are the same
-    to the bit: negating a product is exact, and a bf16 x is widened exactly inside the multiply."""
+    Written as x * (cos, cos) + (x2, x1) * (-sin, sin): four ops (a cat, two multiplies, an add), where halves took
+    eight and a cast each way two more, each a kernel launch on a GPU (lesson 08). The values are those of the
+    pairwise turn to the bit: negating a product is exact."""
     half = x.shape[-1] // 2
-    return (x * cos + torch.cat([x[..., half:], x[..., :half]], dim=-1) * sin).to(x.dtype)
+    return x * cos + torch.cat([x[..., half:], x[..., :half]], dim=-1) * sin
 
 
 def rope(x: torch.Tensor, pos: torch.Tensor, base: float = ROPE_BASE) -> torch.Tensor:
@@ -164,16 +165,15 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, cache=None, rot: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """rot: RoPE's (cos, sin) for x's tokens, from rotation; GPT.forward makes them once for every layer."""
         B, T, C = x.shape
-        q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
-        qk, v = self.qkv(x).split([q_dim + kv_dim, kv_dim], dim=-1)
-        qk = qk.view(B, T, self.n_head + self.n_kv_head, self.head_dim)         # q's heads, then k's
+        # [batch, heads, T, head_dim], the layout attention and the caches take: q's heads, k's, then v's
+        qkv = self.qkv(x).view(B, T, self.n_head + 2 * self.n_kv_head, self.head_dim).transpose(1, 2)
+        qk, v = qkv.split([self.n_head + self.n_kv_head, self.n_kv_head], dim=1)
         if self.rope:
             # Rotate before caching: a cached key keeps the rotation of the position it was written at. q and k
-            # turn together, in one rotate: each op a layer runs is a launch on a GPU.
+            # turn together, in one rotate: each op a layer runs is a launch on a GPU, and its host's time.
             cos, sin = rot if rot is not None else rotation(torch.arange(T, device=x.device), self.head_dim, x.dtype)
-            qk = rotate(qk, cos.transpose(1, 2), sin.transpose(1, 2))           # heads sit in dim 2 here
-        q, k = qk.transpose(1, 2).split([self.n_head, self.n_kv_head], dim=1)
-        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+            qk = rotate(qk, cos, sin)
+        q, k = qk.split([self.n_head, self.n_kv_head], dim=1)
         if cache is None:
             y = attention(q, k, v, impl=self.impl)                      # causal over this forward's tokens
         else:

@@ -10,7 +10,7 @@ from typing import Callable, TypeVar
 
 import torch
 
-from labutils.core import fake_cuda
+from labutils.core import emulated_cuda, fake_cuda
 from labutils.perf.timing import time_fn
 from labutils.core.validate import check_count, check_seed
 from labutils.core.devices import GiB, MiB, resolve_device, describe_device, free_memory_bytes, is_oom
@@ -282,7 +282,7 @@ def measure_matmul_flops(dtype: torch.dtype = torch.float32, device: torch.devic
     check_can_multiply(dtype, device)
     if n is None:
         n = default_matmul_n(device)
-        if device.type == "cpu" and dtype != torch.float32:
+        if (device.type == "cpu" or emulated_cuda.active()) and dtype != torch.float32:   # a CPU multiplies it
             n = _affordable_n(dtype, device, n)
         free = free_memory_bytes(device)
         while free is not None and n > 256 and 3 * n * n * dtype.itemsize > free // 2:

@@ -128,6 +128,13 @@ def similar_lengths(widths: list[int]) -> list[range]:
     return groups
 
 
+def side_by_side(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The attention outputs of a packed batch's groups and chunks, [n_head, tokens, head_dim] each, side by side
+    as [1, n_head, N, head_dim]. One part (a step of decode rows alone, or one prompt) is returned as a view: a
+    cat would copy it, and the layer's reshape after it would copy it back, two kernels a layer on a GPU."""
+    return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1))[None]
+
+
 class PrefillChunk(NamedTuple):
     """A prefill row of a packed batch, attending alone: positions start .. start + n - 1, over `table`, its
     blocks up to its last position (on the device)."""
@@ -228,11 +235,11 @@ class PackedBatch:
             vc = gather_blocks(v_pool, table[None], bs)[:, :, :end]
             out.append(attention(q[:, :, offset:offset + n], kc, vc, q_offset=start, impl=impl)[0])
             offset += n
-        return torch.cat(out, dim=1)[None]
+        return side_by_side(out)
 
     def advance(self, n: int) -> None:
         """Nothing to store: each request's position is its own (Sequence.n_computed), and the scheduler moves it
         after the step (Scheduler.postprocess)."""
 
 
-__all__ = ["DecodeGroup", "PackedBatch", "PagedKVCache", "PrefillChunk", "Row"]
+__all__ = ["DecodeGroup", "PackedBatch", "PagedKVCache", "PrefillChunk", "Row", "side_by_side"]

@@ -1,7 +1,7 @@
 """Serving steps replayed as CUDA graphs, as vLLM and nano-vllm replay decode: one graph per bucket of shapes.
 
-An eager step queues every op from Python. For Llama-2-7B that is some 1,700 ops a step, about 24 ms of host time at
-the H200 run's 13.8 us an op (docs/gpu/predictions.md), seven times the 3.2 ms its weights take to read: the engine's
+An eager step queues every op from Python. For Llama-2-7B that is some 1,500 ops a step, about 20 ms of host time at
+the H200 run's 13.3 us an op (docs/gpu/predictions.md), six times the 3.2 ms its weights take to read: the engine's
 steps would measure the host, and a prefill would cost only a few of them. A graph replays all of a step's kernels
 from one call. It needs fixed shapes and addresses, so a step is padded up to a bucket (powers of two): its decode
 rows (one token each) and their block tables' width, and at most one prefill chunk, its tokens and its table's width.
@@ -22,7 +22,7 @@ import torch
 from labutils.core import fake_cuda
 from labutils.model.kernels.attention import attention
 from labutils.model.kernels.paged import gather_blocks, paged_mask
-from labutils.serving.paged_cache import PagedKVCache, slots_of
+from labutils.serving.paged_cache import PagedKVCache, side_by_side, slots_of
 
 MOST_CHUNK = 512        # a longer prefill chunk runs eager: 512 tokens of a 7B model are 7 TFLOP, 9 ms on an H200
 
@@ -97,7 +97,7 @@ class StaticStep:
         if self.chunk:
             kc, vc = gather_blocks(k_pool, self.chunk_table, bs), gather_blocks(v_pool, self.chunk_table, bs)
             out.append(attention(q[:, :, r:], kc, vc, impl=impl, mask=self.chunk_mask)[0])
-        return torch.cat(out, dim=1)[None]
+        return side_by_side(out)
 
     def advance(self, n: int) -> None:
         pass
