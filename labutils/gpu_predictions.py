@@ -81,15 +81,14 @@ def _host_s(ops: int) -> float:
 
 
 @functools.lru_cache(maxsize=1)       # rows() and markdown() both read it; the profiling builds a model
-def engine_step_costs() -> tuple[float, float, int, int, int]:
+def engine_step_costs() -> tuple[float, float, int, int]:
     """(host seconds of one eager engine decode step of 8 streams on Llama-2-7B, the fixed seconds of the same step
-    replayed as a graph, its ops, its kernels, the tiny pass's ops), from the H200 run's tiny passes and op counts
-    taken here: Llama-2-7B's skeleton runs the same ops as the model."""
+    replayed as a graph, its ops, its kernels), from the H200 run's tiny passes and op counts taken here:
+    Llama-2-7B's skeleton runs the same ops as the model."""
     from labutils.measure.request import skeleton_config
     from labutils.model.build import build
     from labutils.model.gpt import GPTConfig
     from labutils.serving.engine import Engine
-    tiny_ops = _decode_ops("tiny")                            # the skeleton's pass queues the model's ops
     engine = Engine(build(skeleton_config(GPTConfig.preset("llama-2-7b")), dtype=BF16), 8)
     for i in range(8):
         engine.submit(list(range(1, 17 + i)), 8)
@@ -97,7 +96,7 @@ def engine_step_costs() -> tuple[float, float, int, int, int]:
     engine.step()
     step_ops = _ops(engine.step)
     kernels = _ops(engine.step, kernels_only=True)
-    return _host_s(step_ops), H200_GRAPH_KERNEL_S * kernels, step_ops, kernels, tiny_ops
+    return _host_s(step_ops), H200_GRAPH_KERNEL_S * kernels, step_ops, kernels
 
 
 def _shape(cache_tokens: int, batch: int = 1) -> str:
@@ -252,7 +251,7 @@ def rows() -> list[tuple[str, str, str, str]]:
                 f"{roofline.weight_bytes(m9, BF16) / 1e9:.1f} GB of weights, read every step",
                 f"{tok[64] / tok[32]:.2f}x against {tok[2] / tok[1]:.2f}x: "
                 + ("holds, by the cache reads alone" if tok[64] / tok[32] < tok[2] / tok[1] else "does not hold")))
-    host, fixed, step_ops, kernels, tiny_ops = engine_step_costs()
+    host, fixed, step_ops, kernels = engine_step_costs()
     floor1 = roofline.decode_floor_s(m9, 128, 1, BF16, bandwidth_Bps=bw)
     kernels9 = _decode_ops(m9, kernels_only=True)
     skeleton = kernels9 * H200_GRAPH_KERNEL_S

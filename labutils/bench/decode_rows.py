@@ -184,14 +184,14 @@ def decode_bandwidth(s: BenchSettings) -> BenchRow:
     # 1.5 ms beside its 3.2 ms read, and 0.8 allows about 320 (docs/gpu/predictions.md), which only fusing the
     # elementwise ops into their neighbours reaches, as torch.compile does for gpt-fast.
     first = "the eager step's graph" if s.device.type == "cuda" else "row-major weights"
-    ways = {first: (base, lambda m: FastDecoder(m, 1, n))}
+    ways = {first: (base, "auto")}                        # (model, FastDecoder's mode)
     if s.device.type == "cpu":
-        ways["column-major weights"] = (fast_model(copy.deepcopy(base), s), lambda m: FastDecoder(m, 1, n))
+        ways["column-major weights"] = (fast_model(copy.deepcopy(base), s), "auto")
         if prepack_unavailable(base) is None:
-            ways["prepacked weights"] = (prepack_linears(copy.deepcopy(base)), lambda m: FastDecoder(m, 1, n))
+            ways["prepacked weights"] = (prepack_linears(copy.deepcopy(base)), "auto")
     elif s.device.type == "cuda":
-        ways["compiled step"] = (base, lambda m: FastDecoder(m, 1, n, mode="compile"))
-    decoders = {name: make(m) for name, (m, make) in ways.items()}
+        ways["compiled step"] = (base, "compile")
+    decoders = {name: FastDecoder(m, 1, n, mode=mode) for name, (m, mode) in ways.items()}
     for dec in decoders.values():
         dec.generate(ids, new)                             # warm-up, untimed
     trial = {name: min(dec.generate(ids, new).tpot_s for _ in range(2)) for name, dec in decoders.items()}
