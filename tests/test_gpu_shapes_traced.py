@@ -32,6 +32,12 @@ for name, layers in (("llama-toy", 2), ("llama-toy-2", 4)):
     presets.PRESETS[name] = dataclasses.replace(presets.PRESETS[name], n_params=GPTConfig.preset(name).num_params())
 shape_choice.GPU_SHAPES = ("llama-toy",)
 shape_choice.LADDERS = (("llama-toy", "llama-toy-2"),)
+# Here a time means nothing and a probe's size only costs: one sample of each timed call, and 16 MiB buffers for the
+# copy probe and the GEMV sweep (a GPU's are 1 GiB, which a CPU multiplies in bf16 for minutes) reach every path.
+import labutils.perf.timing as timing, labutils.perf.probes as probes
+_time = timing._time
+timing._time = lambda fn, device, warmup, repeats: _time(fn, device, min(warmup, 1), 1)
+probes.default_copy_bytes = lambda device=None: 16 << 20
 '''
 
 
@@ -51,16 +57,18 @@ LESSONS = [("05_prefill_decode.ipynb", [(None, None)]), ("06_kv_cache.ipynb", [(
            ("11_two_phases.ipynb", [(None, "## 4."), ("## 5.", "## 6.")])]
 # Run after REGISTER_TOY_LLAMAS in a lesson's kernel. Lesson 05 doubles its baseline prompt until a roof sets its
 # prefill: here, where every op runs through Python, none ever does, and 4,096 + 8,192-token prefills would take
-# minutes; 512 reaches the same path. Lesson 11's budget sweep serves 32 requests under 7 budgets,
-# 3 times each, to pick a median run on the real clock. Here every op runs through Python and the timings mean
-# nothing, so one run a budget reaches every path (90 s of the test's 120 s were those repeats).
+# minutes; 512 reaches the same path. Lesson 11's budget sweep serves 32 requests under 6 budgets
+# and whole prompts, 3 times each, to pick a median run on the real clock; its claims read only the smallest budget
+# and the whole prompts. Here every op runs through Python and the timings mean nothing, so one run of each of those
+# two reaches every path.
 FASTER = {"05_prefill_decode.ipynb": """
 import functools, labutils.measure as measure
 measure.compute_bound_prompt = functools.partial(measure.compute_bound_prompt, longest=512)
 """, "11_two_phases.ipynb": """
 import labutils.serving.interference as interference
 _budget_sweep = interference.budget_sweep
-interference.budget_sweep = lambda *args, **kw: _budget_sweep(*args, **{**kw, "repeats": 1})
+interference.budget_sweep = lambda model, wl, budgets, *args, **kw: _budget_sweep(model, wl, budgets[:1], *args,
+                                                                                   **{**kw, "repeats": 1})
 """}
 
 
