@@ -41,12 +41,13 @@ NEEDED = {"tests": {"pytest": "pytest", "hypothesis": "hypothesis"},
 # Seconds for each part; the whole run stays within 8 minutes. On the H200 (2026-12-04): the gpu tests took 48 s and
 # the lessons 296 s; the bench stops starting rows once its share is spent (bench --max-seconds).
 LIMITS_S = {"tests": 90, "lesson": 120, "lessons": 240, "bench": 120}
-# A dry run emulates CUDA on a CPU, where every op passes through Python: lesson 06 takes about a minute and the quick
+# A dry run emulates CUDA on a CPU, where every op passes through Python: lesson 02 takes 15 s and the quick
 # bench about as long on a quiet 2-core machine, and CI machines swing by 2x. It has no 8-minute target to keep.
 DRY_LIMITS_S = {"tests": 300, "lesson": 480, "lessons": 480, "bench": 400}
 PARTS = ("tests", "lessons", "bench")
 BENCH_GRACE_S = 30          # the row running when the bench's time is up may finish; one still running is stopped
-DRY_LESSON = "06_kv_cache.ipynb"    # short, and the one whose exercise mixed devices on the H200
+DRY_LESSON = "02_embeddings.ipynb"  # 15 s on emulated CUDA with 15 claims: the machinery, not the GPU shapes, which
+                                    # tests/test_gpu_shapes_traced.py runs lesson by lesson (06 took 57 s here)
 # A claim's line as labutils.measure.claims prints it: its verdict, a space, the sentence and what was measured.
 CLAIM = re.compile("^(" + "|".join(map(re.escape, VERDICTS)) + ") (.*)$", re.M)
 
