@@ -49,6 +49,7 @@ from pathlib import Path
 
 import pytest
 
+from kernel_preludes import ONE_SAMPLE
 from notebook_links import anchors
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,9 +134,7 @@ def shut_down_kernels(url: str, token: str) -> None:
 # (nbval runs it whole, as stored) is served here with one sample of each timed call and one run of each serving
 # point, and lesson 10 speculates on two of the bench's four prompts (the two its cells name), which draw the same
 # plots (lesson 10 here: 180 s -> 104 s; lesson 11: 110 s -> 58 s).
-ONE_SAMPLE_TWO_PROMPTS = """import labutils.perf.timing as timing, labutils.bench as bench
-_time = timing._time
-timing._time = lambda fn, device, warmup, repeats: _time(fn, device, min(warmup, 1), 1)
+ONE_SAMPLE_TWO_PROMPTS = ONE_SAMPLE + """import labutils.bench as bench
 bench.SPEC_PROMPTS = bench.SPEC_PROMPTS[:2]
 """
 ONE_RUN_A_BUDGET = """import labutils.serving.interference as interference

@@ -19,6 +19,8 @@ from nbclient import NotebookClient
 from labutils import gpu_check
 from labutils.core.paths import SOURCE_ROOT
 
+from kernel_preludes import ONE_SAMPLE
+
 NOTEBOOKS = SOURCE_ROOT / "notebooks"
 
 # Run first in the lesson's kernel: two toy shapes of the Llama family, the only ones shape_for may pick on a GPU.
@@ -32,13 +34,11 @@ for name, layers in (("llama-toy", 2), ("llama-toy-2", 4)):
     presets.PRESETS[name] = dataclasses.replace(presets.PRESETS[name], n_params=GPTConfig.preset(name).num_params())
 shape_choice.GPU_SHAPES = ("llama-toy",)
 shape_choice.LADDERS = (("llama-toy", "llama-toy-2"),)
-# Here a time means nothing and a probe's size only costs: one sample of each timed call, and 16 MiB buffers for the
-# copy probe and the GEMV sweep (a GPU's are 1 GiB, which a CPU multiplies in bf16 for minutes) reach every path.
-import labutils.perf.timing as timing, labutils.perf.probes as probes
-_time = timing._time
-timing._time = lambda fn, device, warmup, repeats: _time(fn, device, min(warmup, 1), 1)
+# Here a probe's size only costs: 16 MiB buffers for the copy probe and the GEMV sweep (a GPU's are 1 GiB, which a CPU
+# multiplies in bf16 for minutes) reach every path; and a time means nothing (ONE_SAMPLE).
+import labutils.perf.probes as probes
 probes.default_copy_bytes = lambda device=None: 16 << 20
-'''
+''' + ONE_SAMPLE
 
 
 # A lesson, and the parts of it that ask shape_for: (first heading, heading it ends before), None for the start or the
