@@ -8,3 +8,10 @@ import labutils.perf.timing as timing
 _time = timing._time
 timing._time = lambda fn, device, warmup, repeats: _time(fn, device, min(warmup, 1), 1)
 """
+
+# One run of each point of lesson 11's budget sweep, where the lesson serves each three times for a median wall time.
+ONE_RUN_A_BUDGET = """
+import labutils.serving.interference as interference
+_budget_sweep = interference.budget_sweep
+interference.budget_sweep = lambda *args, **kw: _budget_sweep(*args, **{**kw, "repeats": 1})
+"""

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel_preludes import ONE_SAMPLE
+from kernel_preludes import ONE_RUN_A_BUDGET, ONE_SAMPLE
 from notebook_links import anchors
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,10 +136,6 @@ def shut_down_kernels(url: str, token: str) -> None:
 # plots (lesson 10 here: 180 s -> 104 s; lesson 11: 110 s -> 58 s).
 ONE_SAMPLE_TWO_PROMPTS = ONE_SAMPLE + """import labutils.bench as bench
 bench.SPEC_PROMPTS = bench.SPEC_PROMPTS[:2]
-"""
-ONE_RUN_A_BUDGET = """import labutils.serving.interference as interference
-_budget_sweep = interference.budget_sweep
-interference.budget_sweep = lambda *args, **kw: _budget_sweep(*args, **{**kw, "repeats": 1})
 """
 
 

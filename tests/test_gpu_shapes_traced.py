@@ -19,7 +19,7 @@ from nbclient import NotebookClient
 from labutils import gpu_check
 from labutils.core.paths import SOURCE_ROOT
 
-from kernel_preludes import ONE_SAMPLE
+from kernel_preludes import ONE_RUN_A_BUDGET, ONE_SAMPLE
 
 NOTEBOOKS = SOURCE_ROOT / "notebooks"
 
@@ -64,11 +64,9 @@ LESSONS = [("05_prefill_decode.ipynb", [(None, None)]), ("06_kv_cache.ipynb", [(
 FASTER = {"05_prefill_decode.ipynb": """
 import functools, labutils.measure as measure
 measure.compute_bound_prompt = functools.partial(measure.compute_bound_prompt, longest=512)
-""", "11_two_phases.ipynb": """
-import labutils.serving.interference as interference
-_budget_sweep = interference.budget_sweep
-interference.budget_sweep = lambda model, wl, budgets, *args, **kw: _budget_sweep(model, wl, budgets[:1], *args,
-                                                                                   **{**kw, "repeats": 1})
+""", "11_two_phases.ipynb": ONE_RUN_A_BUDGET + """
+_one_run = interference.budget_sweep
+interference.budget_sweep = lambda model, wl, budgets, *args, **kw: _one_run(model, wl, budgets[:1], *args, **kw)
 """}
 
 

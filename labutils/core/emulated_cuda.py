@@ -156,6 +156,8 @@ def _leaves(x):
 
 
 def _map(fn, x):
+    """`fn` on each leaf, in containers of the same shape. Only a plain list or tuple is rebuilt: a torch.Size is a
+    leaf (its ints pass through `fn` unchanged)."""
     if type(x) in (list, tuple):
         return type(x)(_map(fn, item) for item in x)
     if isinstance(x, dict):
