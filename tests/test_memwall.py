@@ -91,11 +91,21 @@ def test_measured_knee_is_where_the_flat_time_meets_the_compute_line():
 
 def test_measured_knee_places_a_knee_past_the_largest_batch():
     """Before the knee each extra sequence costs its cache reads: a GPU's 7B shape at batch 64, whose knee is past 180.
-    The step's growth per sequence from batch 32 to 64 places it where knee_batch's construction does."""
+    The step's growth per sequence over batches 16 to 64 places it where knee_batch's construction does."""
     rows = [dict(phase="decode", n=b, seconds=1.0 + 0.01 * (b - 1)) for b in (1, 2, 4, 8, 16, 32, 64)]
     assert figs.measured_knee(rows) == pytest.approx(100.0)
     flat = [dict(phase="decode", n=b, seconds=1.0) for b in (1, 32, 64)]
     assert figs.measured_knee(flat) == float("inf")            # no growth: no knee this sweep can place
+
+
+def test_one_stalled_step_does_not_take_the_measured_knee_away():
+    """A CI run stalled lesson 07's batch-32 step past batch 64's: a difference of the two largest gave no slope (inf).
+    The line through batches 16-64 still places the knee, within lesson 07's factor of four of the true one."""
+    rows = [dict(phase="decode", n=b, seconds=max(1.0, b / 8)) for b in (1, 2, 4, 8, 16, 32, 64)]
+    rows[5]["seconds"] = rows[6]["seconds"] * 1.05                                  # batch 32 ran slower than 64
+    assert 8.0 / 4 < figs.measured_knee(rows) < 8.0 * 4
+    two = [dict(phase="decode", n=b, seconds=1.0 + 0.01 * (b - 1)) for b in (1, 2)]
+    assert figs.measured_knee(two) == pytest.approx(100.0)                         # two batches: their difference
 
 
 def test_roofline_figure_traces_and_points():

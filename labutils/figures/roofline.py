@@ -105,17 +105,21 @@ def update_batch(fig, points, selected=None) -> None:
 
 def measured_knee(points) -> float | None:
     """The knee as roofline.knee_batch constructs it, from measured decode steps: the batch-1 step time over the time
-    one more sequence costs, read from the two largest batches measured (their step times' difference per sequence).
+    one more sequence costs: the slope of a least-squares line through the step times of the batches from a quarter of
+    the largest up, past batch 1 (16 to 64 in lesson 07's sweep; at least the two largest).
 
-    It needs no batch past the knee: there the difference is an extra sequence's FLOPs or cache reads, and before it
-    (a GPU's 7B shape at batch 64) its cache reads, which on a GPU set the knee too. A step that did not grow from the
-    second largest batch to the largest gives inf: no knee this sweep can place. None for fewer than two batches."""
-    rows = {p["n"]: p for p in points if p["phase"] == "decode"}
+    It needs no batch past the knee: there the slope is an extra sequence's FLOPs or cache reads, and before it
+    (a GPU's 7B shape at batch 64) its cache reads, which on a GPU set the knee too. A line through three batches,
+    not a difference of two, is what keeps one stalled step from flattening the slope to nothing. A slope that is not
+    above zero gives inf: no knee this sweep can place. None for fewer than two batches."""
+    rows = {p["n"]: p["seconds"] for p in points if p["phase"] == "decode"}
     if 1 not in rows or len(rows) < 2:
         return None
-    a, b = sorted(rows)[-2:]
-    per_sequence = (rows[b]["seconds"] - rows[a]["seconds"]) / (b - a)
-    return rows[1]["seconds"] / per_sequence if per_sequence > 0 else math.inf
+    fit = [n for n in sorted(rows) if n > 1 and n >= max(rows) / 4]
+    fit = fit if len(fit) >= 2 else sorted(rows)[-2:]
+    mean_n, mean_s = sum(fit) / len(fit), sum(rows[n] for n in fit) / len(fit)
+    per_sequence = sum((n - mean_n) * (rows[n] - mean_s) for n in fit) / sum((n - mean_n) ** 2 for n in fit)
+    return rows[1] / per_sequence if per_sequence > 0 else math.inf
 
 
 __all__ = ["batch_figure", "measured_knee", "predicted_decode", "roofline_figure", "update_batch", "update_points"]
