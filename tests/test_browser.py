@@ -4,9 +4,10 @@ One JupyterLab server, with its default settings (windowing on: cells off screen
 headless Chromium serve every test here. Each test serves a *copy* of its lesson (JupyterLab autosaves, and the stored
 lessons must keep their nbval outputs), clicks Kernel -> Restart Kernel and Run All Cells, waits for the last cell,
 and fails naming every cell that raised (error outputs, or a stderr output with a Traceback). Then it scrolls every
-cell into view and fails on any plotly plot without a trace that has points (`plot_problems`): a widget's plot that
-came up blank, or a static figure that did; and on any plot wider than its cell's column in JupyterLab's default
-1280 x 900 window with the file browser open (a cut legend or title). What runs, and why:
+cell with a plot or a widget output into view and fails on any plotly plot without a trace that has points
+(`plot_problems`): a widget's plot that came up blank, or a static figure that did; and on any plot wider than its
+cell's column in JupyterLab's default 1280 x 900 window with the file browser open (a cut legend or title).
+What runs, and why:
 - lesson 01, whole: type into the token viewer (the ids become the typed text's cl100k_base ids), paste a long
   paragraph (its tokens and ids wrap inside the cell). Heading ids must equal notebook_links.anchor's.
 - lesson 04, whole: the sampling playground's labels are not cut off, and a move of the temperature slider changes
@@ -177,6 +178,23 @@ def cell_report(page) -> list[dict]:
     }""")
 
 
+# Polled each second while the lesson runs: whether a cell raised, and the last cell's printed text. It reads only
+# the small outputs (errors and printed streams): serializing the whole notebook each second, plotly figures and all,
+# took the CPU the kernel was running the lesson on.
+PROGRESS_JS = """() => { const cells = window.jupyterapp.shell.currentWidget.context.model.cells;
+    let failed = false, last = '';
+    for (let i = 0; i < cells.length; i++) {
+        const outputs = cells.get(i).outputs || {length: 0};
+        for (let j = 0; j < outputs.length; j++) {
+            const o = outputs.get(j);
+            if (o.type === 'error') { failed = true; continue; }
+            if (o.type !== 'stream') continue;
+            const json = o.toJSON(), text = [].concat(json.text).join('');
+            if (json.name === 'stderr' && text.includes('Traceback')) failed = true;
+            if (i === cells.length - 1) last += text; } }
+    return [failed, last]; }"""
+
+
 def run_all(page, url: str, token: str, notebook: str, timeout_s: float = 300) -> None:
     """Open a notebook, wait for its kernel, Kernel -> Restart Kernel and Run All Cells, wait for the last cell;
     fail on any cell's error. Cells are read from the notebook's model, which holds them all even while
@@ -192,12 +210,13 @@ def run_all(page, url: str, token: str, notebook: str, timeout_s: float = 300) -
     page.click(".lm-Menu-itemLabel:text-is('Restart Kernel and Run All Cells…')")
     page.click(".jp-Dialog-button.jp-mod-accept", timeout=30_000)       # "Restart" in the confirmation
     deadline = time.monotonic() + timeout_s
-    while True:                                  # an error stops Run All, so DONE alone could wait forever
-        cells = cell_report(page)
-        errors = [c for c in cells if c["errors"]]
-        if errors or DONE in cells[-1]["text"] or time.monotonic() > deadline:
+    while time.monotonic() < deadline:           # an error stops Run All, so DONE alone could wait forever
+        failed, last = page.evaluate(PROGRESS_JS)
+        if failed or DONE in last:
             break
         page.wait_for_timeout(1000)
+    cells = cell_report(page)
+    errors = [c for c in cells if c["errors"]]
     assert not errors, f"{notebook}: cells raised: " + "; ".join(
         f"cell {c['i']} ({c['source']!r}): {' | '.join(c['errors'])}" for c in errors)
     assert DONE in cells[-1]["text"], f"{notebook}: not every cell ran within {timeout_s:.0f} s: " + ", ".join(
@@ -216,8 +235,8 @@ def show_cell(page, marker: str) -> int:
     return index
 
 
-# Per cell, per plot: [traces, traces with points, its width, the room from its left edge to the cell's right edge]. Plotly keeps the figure it
-# drew on the element (gd.data, and gd._fullLayout.width: the width it drew at).
+# Per cell, per plot: [traces, traces with points, its width, the room from its left edge to the cell's right edge].
+# Plotly keeps the figure it drew on the element (gd.data, and gd._fullLayout.width: the width it drew at).
 CELL_PLOTS_JS = """(i) => { const nb = window.jupyterapp.shell.currentWidget.content; const cell = nb.widgets[i];
     nb.scrollToItem(i, 'center');
     if (!cell.node.isConnected) return null;
@@ -231,22 +250,28 @@ CELL_PLOTS_JS = """(i) => { const nb = window.jupyterapp.shell.currentWidget.con
 
 
 def plot_problems(page) -> list[str]:
-    """Scroll through every cell and name each plotly plot that has no trace with points, is not drawn at all
-    where the notebook's model says a plot was output, or is wider than the cell's output column (its right edge,
-    a legend or a title, then sits out of sight)."""
+    """Scroll through every cell that may hold a plot and name each plotly plot that has no trace with points, is
+    not drawn at all where the notebook's model says a plot was output, or is wider than the cell's output column
+    (its right edge, a legend or a title, then sits out of sight)."""
     problems = []
-    n = page.evaluate("() => window.jupyterapp.shell.currentWidget.content.widgets.length")
-    expected = page.evaluate("""() => window.jupyterapp.shell.currentWidget.context.model.toJSON().cells.map(c =>
-        (c.outputs || []).filter(o => o.data && o.data['application/vnd.plotly.v1+json']).length)""")
-    for i in range(n):
+    # Per cell: its plotly outputs, and whether any output can hold a plot (a plotly figure, a widget, or HTML that
+    # draws one). Only those cells are scrolled to: a lesson's other cells cannot show a plot.
+    expected = page.evaluate("""() => window.jupyterapp.shell.currentWidget.context.model.toJSON().cells.map(c => {
+        const data = (c.outputs || []).map(o => o.data || {});
+        return [data.filter(d => d['application/vnd.plotly.v1+json']).length,
+                data.some(d => d['application/vnd.plotly.v1+json'] || d['application/vnd.jupyter.widget-view+json']
+                               || [].concat(d['text/html'] || []).join('').includes('plotly'))]; })""")
+    for i, (plotly_outputs, may_plot) in enumerate(expected):
+        if not may_plot:
+            continue
         page.evaluate(CELL_PLOTS_JS, i)
         page.wait_for_timeout(150)                   # the renderer draws once the cell is attached
         found = page.evaluate(CELL_PLOTS_JS, i)
         if found is None:
             problems.append(f"cell {i}: never attached to the page")
             continue
-        if len(found) < expected[i]:
-            problems.append(f"cell {i}: {expected[i]} plotly outputs in the notebook, {len(found)} drawn")
+        if len(found) < plotly_outputs:
+            problems.append(f"cell {i}: {plotly_outputs} plotly outputs in the notebook, {len(found)} drawn")
         for j, (traces, drawn, width, room) in enumerate(found):
             if drawn == 0:
                 problems.append(f"cell {i}, plot {j}: {traces} traces, none with points")
@@ -316,24 +341,47 @@ def lab(tmp_path_factory):
 
 
 @contextlib.contextmanager
-def lesson_page(lab, lesson: str, pick=None, timeout_s: float = 300, prelude: str = ""):
-    """A page with the lesson (or the cells `pick` chooses) run to the end; its kernel is shut down afterwards."""
-    browser, url, token, root = lab
+def served_page(lab, notebook: str, timeout_s: float = 300):
+    """A page with a notebook of the served folder run to the end; its kernel is shut down afterwards."""
+    browser, url, token, _ = lab
     # JupyterLab's defaults as a learner meets them: a 1280 x 900 window with the file browser open, which leaves
     # the notebook an output column of about 845 px.
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     try:
-        run_all(page, url, token, lesson_copy(root, lesson, pick, prelude), timeout_s)
+        run_all(page, url, token, notebook, timeout_s)
         yield page
     finally:
         page.close()
         shut_down_kernels(url, token)
 
 
+def lesson_page(lab, lesson: str, pick=None, timeout_s: float = 300, prelude: str = ""):
+    """A page with the lesson (or the cells `pick` chooses) run to the end."""
+    return served_page(lab, lesson_copy(lab[3], lesson, pick, prelude), timeout_s)
+
+
 def label_cuts(page, scope: str) -> list[str]:
     """Widget labels and button captions inside `scope` that the page cuts off with an ellipsis."""
     return page.evaluate("""(sel) => [...document.querySelectorAll(sel + ' .widget-label, ' + sel + ' button')]
         .filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1).map(e => e.textContent)""", scope)
+
+
+def test_the_plot_check_names_a_plot_without_points_and_one_too_wide(lab):
+    """The check every lesson's page gets can fail: a static figure and a FigureWidget with no points, and a figure
+    wider than its column, are each named; a drawn figure and a cell with only printed text are not."""
+    import nbformat
+    cells = ["import plotly.graph_objects as go\nprint('plotly', go.Figure().layout.template is not None)",
+             "go.Figure(go.Scatter(x=[1, 2], y=[1, 2])).show()",
+             "go.Figure(go.Scatter(x=[], y=[])).show()",
+             "go.FigureWidget(go.Scatter(x=[], y=[]))",
+             "go.Figure(go.Scatter(x=[1], y=[1]), layout=dict(width=2000)).show()",
+             f"print({DONE!r})"]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells], metadata={"kernelspec": KERNEL})
+    nbformat.write(nb, lab[3] / "plot_check.ipynb")
+    with served_page(lab, "plot_check.ipynb") as page:
+        problems = plot_problems(page)
+    assert [p.split(":")[0] for p in problems] == ["cell 2, plot 0", "cell 3, plot 0", "cell 4, plot 0"], problems
+    assert "none with points" in problems[1] and "2000 px wide" in problems[2], problems
 
 
 def test_lesson01_token_viewer_shows_the_ids_of_what_is_typed(lab):
