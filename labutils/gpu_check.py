@@ -128,8 +128,10 @@ def run_tests(out: Path, env: dict, limit_s: float) -> dict:
     xml = out / "tests.xml"
     # A GPU machine may lack what some test modules import (plotly, say); those modules fail to collect and the
     # gpu tests in the others still run. The report lists the missing packages above the results.
+    # Only the modules that mark a test gpu: collecting every module costs about 15 s of the check's 8 minutes.
+    marked = [str(p) for p in sorted((ROOT / "tests").glob("test_*.py")) if "mark.gpu" in p.read_text()]
     code, tail, secs = _run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-                             "--continue-on-collection-errors", f"--junitxml={xml}", "tests"], limit_s, env)
+                             "--continue-on-collection-errors", f"--junitxml={xml}", *marked], limit_s, env)
     tests = parse_junit(xml) if xml.exists() else []
     return {"seconds": round(secs, 1), "exit": code, "tests": tests, "tail": "" if code == 0 else tail,
             "counts": {k: sum(t["result"] == k for t in tests) for k in ("passed", "failed", "skipped")}}
