@@ -166,33 +166,25 @@ def code_cells(cells, *markers: str) -> list:
 
 
 def cell_report(page) -> list[dict]:
-    """Every code cell of the open notebook: its index, execution count, error outputs and stderr tracebacks."""
-    return page.evaluate("""() => {
-        const nb = window.jupyterapp.shell.currentWidget.context.model.toJSON();
-        return nb.cells.map((c, i) => ({i, type: c.cell_type, count: c.execution_count ?? null,
-            text: (c.outputs || []).map(o => [].concat(o.text || (o.data || {})['text/plain'] || []).join('')).join(''),
-            errors: (c.outputs || []).filter(o => o.output_type === 'error'
-                || (o.name === 'stderr' && [].concat(o.text).join('').includes('Traceback')))
-              .map(o => o.output_type === 'error' ? `${o.ename}: ${o.evalue}` : [].concat(o.text).join('').slice(-400)),
-            source: [].concat(c.source).join('').slice(0, 80)})).filter(c => c.type === 'code');
-    }""")
-
-
-# Polled each second while the lesson runs: whether a cell raised, and the last cell's printed text. It reads only
-# the small outputs (errors and printed streams): serializing the whole notebook each second, plotly figures and all,
-# took the CPU the kernel was running the lesson on.
-PROGRESS_JS = """() => { const cells = window.jupyterapp.shell.currentWidget.context.model.cells;
-    let failed = false, last = '';
-    for (let i = 0; i < cells.length; i++) {
-        const outputs = cells.get(i).outputs || {length: 0};
-        for (let j = 0; j < outputs.length; j++) {
-            const o = outputs.get(j);
-            if (o.type === 'error') { failed = true; continue; }
-            if (o.type !== 'stream') continue;
-            const json = o.toJSON(), text = [].concat(json.text).join('');
-            if (json.name === 'stderr' && text.includes('Traceback')) failed = true;
-            if (i === cells.length - 1) last += text; } }
-    return [failed, last]; }"""
+    """Every code cell of the open notebook: its index, execution count, printed text, and its error outputs and
+    stderr tracebacks. It walks the notebook's model and copies only streams and errors: run_all reads it every second
+    while a lesson runs, and serializing plotly figures that often took the CPU the lesson ran on."""
+    return page.evaluate("""() => { const cells = window.jupyterapp.shell.currentWidget.context.model.cells, out = [];
+        for (let i = 0; i < cells.length; i++) {
+            const c = cells.get(i);
+            if (c.type !== 'code') continue;
+            let text = '';
+            const errors = [];
+            for (let j = 0; j < c.outputs.length; j++) {
+                const o = c.outputs.get(j);
+                if (o.type !== 'stream' && o.type !== 'error') continue;
+                const json = o.toJSON(), t = [].concat(json.text || []).join('');
+                if (o.type === 'error') errors.push(`${json.ename}: ${json.evalue}`);
+                else if (json.name === 'stderr' && t.includes('Traceback')) errors.push(t.slice(-400));
+                text += t; }
+            out.push({i, count: c.executionCount ?? null, text, errors,
+                      source: c.sharedModel.getSource().slice(0, 80)}); }
+        return out; }""")
 
 
 def run_all(page, url: str, token: str, notebook: str, timeout_s: float = 300) -> None:
@@ -210,13 +202,12 @@ def run_all(page, url: str, token: str, notebook: str, timeout_s: float = 300) -
     page.click(".lm-Menu-itemLabel:text-is('Restart Kernel and Run All Cells…')")
     page.click(".jp-Dialog-button.jp-mod-accept", timeout=30_000)       # "Restart" in the confirmation
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:           # an error stops Run All, so DONE alone could wait forever
-        failed, last = page.evaluate(PROGRESS_JS)
-        if failed or DONE in last:
+    while True:                                  # an error stops Run All, so DONE alone could wait forever
+        cells = cell_report(page)
+        errors = [c for c in cells if c["errors"]]
+        if errors or DONE in cells[-1]["text"] or time.monotonic() > deadline:
             break
         page.wait_for_timeout(1000)
-    cells = cell_report(page)
-    errors = [c for c in cells if c["errors"]]
     assert not errors, f"{notebook}: cells raised: " + "; ".join(
         f"cell {c['i']} ({c['source']!r}): {' | '.join(c['errors'])}" for c in errors)
     assert DONE in cells[-1]["text"], f"{notebook}: not every cell ran within {timeout_s:.0f} s: " + ", ".join(
@@ -370,7 +361,7 @@ def test_the_plot_check_names_a_plot_without_points_and_one_too_wide(lab):
     """The check every lesson's page gets can fail: a static figure and a FigureWidget with no points, and a figure
     wider than its column, are each named; a drawn figure and a cell with only printed text are not."""
     import nbformat
-    cells = ["import plotly.graph_objects as go\nprint('plotly', go.Figure().layout.template is not None)",
+    cells = ["import plotly.graph_objects as go\nprint('printed text only')",
              "go.Figure(go.Scatter(x=[1, 2], y=[1, 2])).show()",
              "go.Figure(go.Scatter(x=[], y=[])).show()",
              "go.FigureWidget(go.Scatter(x=[], y=[]))",
