@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 import plotly.graph_objects as go
 
@@ -117,8 +118,7 @@ def measured_knee(points) -> float | None:
         return None
     fit = [n for n in sorted(rows) if n > 1 and n >= max(rows) / 4]
     fit = fit if len(fit) >= 2 else sorted(rows)[-2:]
-    mean_n, mean_s = sum(fit) / len(fit), sum(rows[n] for n in fit) / len(fit)
-    per_sequence = sum((n - mean_n) * (rows[n] - mean_s) for n in fit) / sum((n - mean_n) ** 2 for n in fit)
+    per_sequence = statistics.linear_regression(fit, [rows[n] for n in fit]).slope
     return rows[1] / per_sequence if per_sequence > 0 else math.inf
 
 
